@@ -1,0 +1,186 @@
+"""The pure, jittable decoding layer: state, one round, the loop.
+
+Baseline decoding is the same loop with K = 0 and no drafter. One round:
+
+    committed (row b):  t0 .. t(L-2) | t(L-1)           cache holds slots < L-1
+    drafter:            d1 .. dK  and q1 .. qK
+    target, one call:   [t(L-1) d1 .. dK] at slots L-1 .. L+K-1  -> p0 .. pK
+    acceptance:         n drafts kept, then one more token (residual or bonus)
+    commit:             t(L) .. t(L+n) = d1 .. dn, next     L' = L + n + 1
+                        cache valid for slots < L'-1: the invariant holds again
+
+EOS and max_new_tokens cut the committed run short (the EOS itself is kept). Rows
+that are done keep computing under static shapes with their state frozen; the
+loop ends when every row is done.
+
+Everything here is a pure function of pytrees, for users who embed decoding in
+their own jitted code:
+
+    state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens,
+                       params, eos_ids, seeds, config)
+    state = decode_round(target, drafter, state, config)   # one round
+    state = decode_loop(target, drafter, state, config)    # until all rows are done
+    out, lengths = output_tokens(state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jspec import acceptance, sampling
+from jspec.drafter import DraftContext
+from jspec.model import Model
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Static shape of a decoding program. Changing it recompiles."""
+
+  num_draft_tokens: int  # K; 0 = baseline decoding, no drafter
+  cache_length: int  # S slots per row, >= prompt + max_new_tokens + K + 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeStats:
+  target_calls: jax.Array  # [B] int32 rounds in which the row was active
+  accepted: jax.Array  # [B] int32 draft tokens accepted and committed
+  accept_hist: jax.Array  # [K+1] int32 active rounds by accepted count n
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+  """Everything a decode round reads and writes.
+
+  Invariant (per row b): `tokens[b, :lengths[b]]` are committed; the target cache
+  (and the drafter's) holds K/V for t_0..t_{L-2}; t_{L-1} is not yet in it.
+  """
+
+  tokens: jax.Array  # [B, S] int32 prompt then output; scratch past lengths
+  lengths: jax.Array  # [B] int32 committed length L
+  prompt_lengths: jax.Array  # [B] int32
+  max_lengths: jax.Array  # [B] int32 prompt_lengths + max_new_tokens
+  done: jax.Array  # [B] bool
+  target_cache: Any  # the target's K/V buffers
+  drafter_state: Any  # the drafter's own state (None for baseline)
+  keys: jax.Array  # [B] typed PRNG keys, one stream per row
+  params: sampling.SamplingParams  # per-row temperature / top-k / top-p
+  eos_ids: jax.Array  # [E] int32; -1 entries never match
+  stats: DecodeStats
+
+
+def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
+               params: sampling.SamplingParams, eos_ids, seeds, config: DecodeConfig,
+               ) -> DecodeState:
+  """Prefill target and drafter and build the initial state.
+
+  tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
+  max_new_tokens [B] >= 1; seeds [B] int32 (row b's random stream depends on
+  seeds[b] only); eos_ids [E] int32.
+  """
+  B, P = tokens.shape
+  S = config.cache_length
+  K = config.num_draft_tokens
+  tokens = tokens.astype(jnp.int32)
+  prompt_lengths = prompt_lengths.astype(jnp.int32)
+  buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
+  cache = target.init_cache(B, S)
+  if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
+    with jax.named_scope("target_prefill"):
+      _, _, cache = target.apply(tokens[:, :-1], cache, jnp.zeros((B,), jnp.int32))
+  drafter_state = None if drafter is None else drafter.init(tokens, prompt_lengths, S)
+  zeros = jnp.zeros((B,), jnp.int32)
+  return DecodeState(
+      tokens=buffer,
+      lengths=prompt_lengths,
+      prompt_lengths=prompt_lengths,
+      max_lengths=prompt_lengths + max_new_tokens.astype(jnp.int32),
+      done=max_new_tokens <= 0,
+      target_cache=cache,
+      drafter_state=drafter_state,
+      keys=sampling.row_keys(seeds.astype(jnp.int32)),
+      params=params,
+      eos_ids=eos_ids.astype(jnp.int32),
+      stats=DecodeStats(target_calls=zeros, accepted=zeros,
+                        accept_hist=jnp.zeros((K + 1,), jnp.int32)),
+  )
+
+
+def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
+  """One round: draft K, verify K+1 in one target call, accept, commit."""
+  K, S = config.num_draft_tokens, config.cache_length
+  B = state.lengths.shape[0]
+  L = state.lengths
+  active = ~state.done
+  round_keys = sampling.fold(state.keys, state.stats.target_calls)
+  draft_keys = sampling.fold(round_keys, 1)
+  accept_keys = sampling.fold(round_keys, 2)
+  V = target.vocab_size
+
+  drafter_state = state.drafter_state
+  if K > 0:
+    context = DraftContext(tokens=state.tokens, lengths=L)
+    drafts, q, drafter_state = drafter.propose(drafter_state, context, K, state.params, draft_keys)
+  else:
+    drafts = jnp.zeros((B, 0), jnp.int32)
+    q = jnp.zeros((B, 0, V), jnp.float32)
+
+  # Done rows keep a frozen L; clamp so their (discarded) block stays in bounds.
+  start = jnp.minimum(L - 1, S - K - 1)
+  last = jnp.take_along_axis(state.tokens, start[:, None], axis=1)  # [B, 1]
+  block = jnp.concatenate([last, drafts.astype(jnp.int32)], axis=1)  # [B, K+1]
+  with jax.named_scope("target_verify"):
+    logits, _, cache = target.apply(block, state.target_cache, start)
+  with jax.named_scope("acceptance"):
+    p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
+    n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
+
+  with jax.named_scope("commit"):
+    j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
+    drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
+    emitted = jnp.where(j == n[:, None], next_token[:, None], drafts_padded)  # [B, K+1]
+    count = n + 1
+    is_eos = jnp.any(emitted[:, :, None] == state.eos_ids[None, None, :], axis=-1)
+    is_eos = is_eos & (j < count[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), K + 1)
+    count = jnp.minimum(count, first_eos + 1)
+    count = jnp.minimum(count, state.max_lengths - L)
+    count = jnp.where(active, count, 0).astype(jnp.int32)
+    # Masked scatter: a (K+1)-wide dynamic_update_slice would clamp at the end.
+    positions = jnp.where(j < count[:, None], L[:, None] + j, S)
+    tokens = jax.vmap(lambda row, pos, val: row.at[pos].set(val, mode="drop"))(
+        state.tokens, positions, emitted)
+    new_L = L + count
+    hit_eos = jnp.any(is_eos & (j < count[:, None]), axis=1)
+    done = state.done | hit_eos | (new_L >= state.max_lengths)
+
+  act = active.astype(jnp.int32)
+  stats = DecodeStats(
+      target_calls=state.stats.target_calls + act,
+      accepted=state.stats.accepted + jnp.minimum(n, count),
+      accept_hist=state.stats.accept_hist.at[n].add(act),
+  )
+  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, target_cache=cache,
+                             drafter_state=drafter_state, stats=stats)
+
+
+def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
+  """Run rounds in one `lax.while_loop` until every row is done."""
+  return lax.while_loop(lambda s: jnp.any(~s.done),
+                        lambda s: decode_round(target, drafter, s, config), state)
+
+
+def output_tokens(state: DecodeState):
+  """New tokens per row, left-aligned: int32 [B, S] (-1 past each row's end), lengths [B]."""
+  B, S = state.tokens.shape
+  j = jnp.arange(S, dtype=jnp.int32)[None, :]
+  new_lengths = state.lengths - state.prompt_lengths
+  idx = jnp.minimum(state.prompt_lengths[:, None] + j, S - 1)
+  out = jnp.take_along_axis(state.tokens, idx, axis=1)
+  return jnp.where(j < new_lengths[:, None], out, -1), new_lengths

@@ -1,0 +1,72 @@
+"""A small autoregressive model as the drafter.
+
+The draft keeps its own KV cache under the decode-state invariant: it holds K/V
+for t_0..t_{L-2}. A round (K drafts, K draft calls):
+
+    committed:  t0 ... t(L-3) t(L-2) | t(L-1)
+    call 0:                  [t(L-2) t(L-1)]  at slots L-2, L-1   -> q_1, d_1
+    call i:                  [d_i]            at slot  L-1+i      -> q_{i+1}, d_{i+1}
+
+Call 0 re-feeds t(L-2): when the previous round accepted all K drafts, d_K (now
+t(L-2)) was never fed to the draft; when it was, rewriting the same slot with the
+same token is harmless. A row with L = 1 starts its two-token block at slot 0 and
+reads its prediction at offset 0; the scratch slot it writes is rewritten before
+anything attends to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jspec import sampling
+from jspec.drafter import DraftContext
+from jspec.model import Model
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+  """Drafts with a `jspec.Model` sampled at the rows' own settings."""
+
+  model: Model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def init(self, tokens, prompt_lengths, cache_length: int):
+    B, P = tokens.shape
+    cache = self.model.init_cache(B, cache_length)
+    if P > 1:  # prefill t_0..t_{P-2}; rows with shorter prompts overwrite the excess later
+      with jax.named_scope("draft_prefill"):
+        _, _, cache = self.model.apply(tokens[:, :-1], cache, jnp.zeros((B,), jnp.int32))
+    return cache
+
+  def propose(self, cache, context: DraftContext, num_drafts: int,
+              params: sampling.SamplingParams, keys):
+    L = context.lengths
+    start = jnp.maximum(L - 2, 0)
+    last_two = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (2,)))(context.tokens, start)
+    with jax.named_scope("draft_rollout"):
+      logits, _, cache = self.model.apply(last_two, cache, start)  # [B, 2, V]
+      offset = (L - 1) - start  # [B] 0 or 1
+      logits = jnp.take_along_axis(logits, offset[:, None, None], axis=1)  # [B, 1, V]
+      q_first = sampling.probabilities(logits, params)[:, 0]  # [B, V]
+      d_first = sampling.sample(sampling.fold(keys, 0), q_first)
+
+      def step(carry, i):
+        cache, token = carry
+        logits, _, cache = self.model.apply(token[:, None], cache, L - 1 + i)
+        q = sampling.probabilities(logits, params)[:, 0]
+        d = sampling.sample(sampling.fold(keys, i), q)
+        return (cache, d), (d, q)
+
+      (cache, _), (d_rest, q_rest) = lax.scan(
+          step, (cache, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
+    drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
+    q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
+    return drafts, q, cache

@@ -1,0 +1,47 @@
+"""The drafter protocol: what the decode loop asks of anything that proposes drafts.
+
+A drafter is a pytree (its params are leaves, its settings static) with:
+
+    vocab_size: int
+    init(tokens, prompt_lengths, cache_length) -> state
+        tokens [B, P] int32 right-padded prompts, prompt_lengths [B];
+        builds whatever per-row state the drafter keeps (a KV cache, ...).
+    propose(state, context, num_drafts, params, keys) -> (drafts, q, state)
+        context: `DraftContext` (committed token buffer and lengths);
+        drafts [B, K] int32 and q [B, K, V] f32, the processed distribution
+        each draft was drawn from (one-hot for deterministic drafters), so that
+        exact acceptance holds at every temperature.
+
+Drafter state must follow the decode-state invariant: it may keep anything about
+committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
+loop rewinds to the accepted prefix without telling it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+
+from jspec.sampling import SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+  """What the loop shows a drafter at the start of a round."""
+
+  tokens: jax.Array  # [B, S] int32 committed tokens t_0..t_{L-1}; scratch beyond
+  lengths: jax.Array  # [B] int32 committed length L per row
+
+
+class Drafter(Protocol):
+  vocab_size: int
+
+  def init(self, tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int) -> Any:
+    ...
+
+  def propose(self, state: Any, context: DraftContext, num_drafts: int,
+              params: SamplingParams, keys: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
+    ...

@@ -1,0 +1,244 @@
+"""Convenience layer: `generate` and `speculative_generate`.
+
+Both validate their inputs on the host (clear errors before any tracing), pad
+prompts and the cache to buckets, and run one jitted program: prefill, then a
+`lax.while_loop` of decode rounds. Buckets keep the compiled program stable: a
+new prompt, prompt length or `max_new_tokens` that fits the same buckets reuses
+it (sampling settings, seeds, EOS ids and lengths are all traced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import decode
+from jspec.draft_model import DraftModel
+from jspec.model import Model
+from jspec.sampling import SamplingParams
+
+PROMPT_BUCKET_MIN = 16
+CACHE_BUCKET = 128
+EOS_BUCKET = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+  tokens: jax.Array  # [B, max_new_tokens] int32; -1 after each row's end
+  lengths: jax.Array  # [B] int32 new tokens per row, EOS included when emitted
+  stats: decode.DecodeStats
+
+
+def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
+             eos_id=None, seed=0, prompt_lengths=None, cache_length=None) -> GenerateOutput:
+  """Plain autoregressive decoding (the K = 0 loop): one target call per token.
+
+  Args:
+    model: the `jspec.Model` to sample from.
+    prompts: list of token-id lists (lengths may differ), or int32 `[B, P]`
+      right-padded with `prompt_lengths=[B]`.
+    max_new_tokens: int, or one int per row.
+    temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
+    eos_id: None, an id, or a list of ids; a row stops after emitting any of them.
+    seed: int, or one int per row. With one int, row b uses the stream
+      (seed, b); with per-row seeds a row's output depends on its own seed only.
+    cache_length: optional explicit cache slots per row (default: a bucket that fits).
+  """
+  return _run(model, None, prompts, 0, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
+              prompt_lengths, cache_length)
+
+
+def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, max_new_tokens,
+                         temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
+                         prompt_lengths=None, cache_length=None) -> GenerateOutput:
+  """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
+
+  The output follows the target's processed distribution exactly; greedy rows
+  equal `generate(target, ...)`. `draft` is a `jspec.Model` (drafted at each
+  row's own sampling settings) or any object following `jspec.drafter.Drafter`.
+  Other arguments as in `generate`.
+  """
+  K = num_draft_tokens
+  if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
+    raise ValueError(f"num_draft_tokens must be an integer >= 1, got {K!r}")
+  drafter = DraftModel(draft) if isinstance(draft, Model) else draft
+  if drafter is None or not hasattr(drafter, "propose"):
+    raise TypeError(f"draft must be a jspec.Model or a Drafter, got {type(draft).__name__}")
+  if drafter.vocab_size != target.vocab_size:
+    raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
+                     f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
+  return _run(target, drafter, prompts, int(K), max_new_tokens, temperature, top_k, top_p, eos_id,
+              seed, prompt_lengths, cache_length)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
+         prompt_lengths, cache_length) -> GenerateOutput:
+  if not isinstance(target, Model):
+    raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+  tokens, lengths = _prompts_to_array(prompts, prompt_lengths, target.vocab_size)
+  B = tokens.shape[0]
+  max_new = _per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
+  params = SamplingParams(
+      temperature=jnp.asarray(_per_row_float(temperature, B, "temperature"), jnp.float32),
+      top_k=jnp.asarray(_per_row_int(top_k, B, "top_k", minimum=0), jnp.int32),
+      top_p=jnp.asarray(_per_row_float(top_p, B, "top_p"), jnp.float32),
+  )
+  if np.any(np.asarray(params.temperature) < 0):
+    raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
+  top_p_np = np.asarray(params.top_p)
+  if np.any(~((top_p_np > 0) & (top_p_np <= 1))):
+    raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+  eos = _eos_array(eos_id, target.vocab_size)
+  seeds = _seeds(seed, B)
+
+  needed = int(lengths.max()) + int(max_new.max()) + K + 1
+  if target.max_length is not None and int(lengths.max()) + int(max_new.max()) > target.max_length:
+    raise ValueError(
+        f"longest prompt ({int(lengths.max())}) + max_new_tokens ({int(max_new.max())}) exceeds "
+        f"the model's max_position_embeddings ({target.max_length})")
+  if cache_length is None:
+    S = _round_up(needed, CACHE_BUCKET)
+  else:
+    S = int(cache_length)
+    if S < needed:
+      raise ValueError(
+          f"cache_length {S} is too small: the longest prompt ({int(lengths.max())}) + "
+          f"max_new_tokens ({int(max_new.max())}) + num_draft_tokens ({K}) + 1 = {needed} slots "
+          f"are needed")
+  # The prompt bucket never outgrows the cache; what is cut here is padding only.
+  tokens = tokens[:, :S]
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S)
+  out, new_lengths, stats = _program(target, drafter, jnp.asarray(tokens), jnp.asarray(lengths),
+                                     jnp.asarray(max_new), params, jnp.asarray(eos),
+                                     jnp.asarray(seeds), config)
+  width = int(max_new.max())
+  return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, config):
+  state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
+                            seeds, config)
+  state = decode.decode_loop(target, drafter, state, config)
+  out, new_lengths = decode.output_tokens(state)
+  return out, new_lengths, state.stats
+
+
+def _prompts_to_array(prompts, prompt_lengths, vocab_size):
+  if prompt_lengths is None:
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+      arr = np.asarray(prompts)
+      if arr.ndim != 2:
+        raise ValueError(f"a prompt array must be [B, P], got shape {arr.shape}")
+      rows = [list(r) for r in arr]
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+      rows = [list(np.asarray(r).reshape(-1)) if not isinstance(r, (str, bytes)) else None
+              for r in prompts]
+      if any(r is None for r in rows):
+        raise TypeError("prompts must hold token ids, not strings")
+    else:
+      raise TypeError(f"prompts must be a list of token-id lists or an int array, "
+                      f"got {type(prompts).__name__}")
+    if not rows:
+      raise ValueError("prompts is empty: give at least one prompt")
+    lengths = np.array([len(r) for r in rows], np.int32)
+    if np.any(lengths == 0):
+      raise ValueError(f"empty prompt in row(s) {np.flatnonzero(lengths == 0).tolist()}: every "
+                       f"prompt needs at least one token (e.g. a BOS id)")
+    P = _prompt_bucket(int(lengths.max()))
+    tokens = np.zeros((len(rows), P), np.int64)
+    for b, r in enumerate(rows):
+      tokens[b, :len(r)] = r
+  else:
+    tokens = np.asarray(prompts)
+    lengths = np.asarray(prompt_lengths).astype(np.int64).reshape(-1)
+    if tokens.ndim != 2 or lengths.shape[0] != tokens.shape[0]:
+      raise ValueError(f"prompts must be [B, P] with prompt_lengths [B]; got {tokens.shape} "
+                       f"and {lengths.shape}")
+    if np.any(lengths < 1) or np.any(lengths > tokens.shape[1]):
+      raise ValueError(f"prompt_lengths must lie in [1, {tokens.shape[1]}] (empty prompts are "
+                       f"not allowed), got {lengths.tolist()}")
+    P = _prompt_bucket(tokens.shape[1])
+    tokens = np.pad(tokens, ((0, 0), (0, P - tokens.shape[1])))
+    # Padding beyond each row's length is never attended to; zero it so ids check cleanly.
+    tokens = np.where(np.arange(P)[None, :] < lengths[:, None], tokens, 0)
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise TypeError(f"token ids must be integers, got dtype {tokens.dtype}")
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    raise ValueError(f"token ids must lie in [0, {vocab_size}); got min {tokens.min()}, "
+                     f"max {tokens.max()}")
+  return tokens.astype(np.int32), lengths.astype(np.int32)
+
+
+def _per_row(value, B, name, dtype):
+  arr = np.asarray(value)
+  if arr.ndim == 0:
+    arr = np.full((B,), arr)
+  if arr.shape != (B,):
+    raise ValueError(f"{name} must be a scalar or one value per row ({B}), got shape {arr.shape}")
+  return arr
+
+
+def _per_row_float(value, B, name):
+  arr = _per_row(value, B, name, np.float32)
+  if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+    raise TypeError(f"{name} must be numeric, got {value!r}")
+  arr = arr.astype(np.float32)
+  if not np.all(np.isfinite(arr)):
+    raise ValueError(f"{name} must be finite, got {value!r}")
+  return arr
+
+
+def _per_row_int(value, B, name, minimum):
+  arr = _per_row(value, B, name, np.int32)
+  if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+    raise TypeError(f"{name} must be an integer (or one per row), got {value!r}")
+  if np.any(arr < minimum):
+    raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+  return arr.astype(np.int32)
+
+
+def _eos_array(eos_id, vocab_size):
+  ids = [] if eos_id is None else np.asarray(eos_id).reshape(-1).tolist()
+  for i in ids:
+    if not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size:
+      raise ValueError(f"eos_id must be ids in [0, {vocab_size}), got {eos_id!r}")
+  width = _round_up(max(len(ids), 1), EOS_BUCKET)
+  return np.array(ids + [-1] * (width - len(ids)), np.int32)
+
+
+def _seeds(seed, B):
+  arr = np.asarray(seed)
+  if not np.issubdtype(arr.dtype, np.integer):
+    raise TypeError(f"seed must be an int or one int per row, got {seed!r}")
+  if arr.ndim == 0:
+    # One stream per row index: (seed, b) hashed into a 31-bit seed.
+    return np.array([_mix(int(arr), b) for b in range(B)], np.int32)
+  if arr.shape != (B,):
+    raise ValueError(f"seed must be an int or one per row ({B}), got shape {arr.shape}")
+  return (arr.astype(np.int64) & 0x7FFFFFFF).astype(np.int32)
+
+
+def _mix(seed: int, row: int) -> int:
+  x = (seed * 0x9E3779B1 + row * 0x85EBCA77 + 0x632BE5AB) & 0xFFFFFFFF
+  x ^= x >> 15
+  x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+  x ^= x >> 12
+  return x & 0x7FFFFFFF
+
+
+def _prompt_bucket(P: int) -> int:
+  return max(PROMPT_BUCKET_MIN, 1 << (P - 1).bit_length())
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m

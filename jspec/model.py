@@ -1,0 +1,97 @@
+"""`jspec.Model`: a pure model function, its static config and its params.
+
+The engine never imports an architecture. It consumes any object that follows
+the model contract (see DESIGN.md):
+
+    logits, hidden, cache = apply(config, params, tokens, cache, start,
+                                  block_mask=None, depth=None)
+
+    tokens     int32 [B, T]  a block of T new tokens per row
+    start      int32 [B]     cache slot where each row's block begins
+    block_mask bool  [T, T]  which block tokens a block token sees (causal default)
+    depth      int32 [T]     RoPE offset of each block token (arange(T) default)
+    logits     f32   [B, T, V]
+    hidden           [B, T, D]
+    cache      a pytree of static-shape K/V buffers, no lengths
+
+    cache = init_cache(config, batch, length, dtype)
+
+`Model` is a pytree whose only leaves are the params: config and the two
+functions are static, so a Model can be passed straight into `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ApplyFn = Callable[..., tuple[jax.Array, jax.Array, Any]]
+InitCacheFn = Callable[[Any, int, int, Any], Any]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A decoder ready for decoding: `config` and functions static, `params` traced."""
+
+  params: Any
+  config: Any = dataclasses.field(metadata=dict(static=True))
+  apply_fn: ApplyFn = dataclasses.field(metadata=dict(static=True))
+  init_cache_fn: InitCacheFn = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self.config.vocab_size)
+
+  @property
+  def max_length(self) -> int | None:
+    """Longest sequence the model supports, or None when unbounded."""
+    value = getattr(self.config, "max_position_embeddings", None)
+    return None if value is None else int(value)
+
+  @property
+  def dtype(self) -> jnp.dtype:
+    """Compute dtype: that of the first floating-point parameter."""
+    for leaf in jax.tree_util.tree_leaves(self.params):
+      if jnp.issubdtype(leaf.dtype, jnp.floating):
+        return leaf.dtype
+    return jnp.dtype(jnp.float32)
+
+  def apply(self, tokens, cache, start, block_mask=None, depth=None):
+    """The model contract bound to this model's config and params."""
+    return self.apply_fn(self.config, self.params, tokens, cache, start,
+                         block_mask=block_mask, depth=depth)
+
+  def init_cache(self, batch: int, length: int, dtype=None):
+    return self.init_cache_fn(self.config, batch, length,
+                              self.dtype if dtype is None else dtype)
+
+  def logits(self, tokens) -> jax.Array:
+    """f32 logits [B, T, V] of a plain causal forward pass with no cache."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
+    _check_token_range(tokens, self.vocab_size)
+    return _full_logits(self, tokens)
+
+  def num_params(self) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(self.params)))
+
+
+def _check_token_range(tokens, vocab_size: int) -> None:
+  arr = np.asarray(tokens)
+  if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+    raise ValueError(
+        f"token ids must lie in [0, {vocab_size}); got min {arr.min()}, max {arr.max()}")
+
+
+@jax.jit
+def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
+  # cache=None asks the model for a cache-free causal pass over the block.
+  start = jnp.zeros((tokens.shape[0],), jnp.int32)
+  logits, _, _ = model.apply(tokens, None, start)
+  return logits

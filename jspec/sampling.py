@@ -1,0 +1,87 @@
+"""Per-row sampling parameters and the processed distribution they define.
+
+Every row of a batch carries its own temperature, top-k and top-p, so greedy
+and sampled rows share one compiled program. "The distribution" everywhere in
+jspec (target p, draft q, the acceptance rule) means the processed one that
+`probabilities` returns; greedy rows (temperature 0) get a one-hot at the argmax,
+which turns the exact acceptance rule into "accept while the draft is the
+argmax" with no special case and no division by zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Traced per-row sampling settings."""
+
+  temperature: jax.Array  # [B] f32; 0 means greedy
+  top_k: jax.Array  # [B] int32; 0 means no top-k
+  top_p: jax.Array  # [B] f32 in (0, 1]; 1 means no nucleus filter
+
+  @property
+  def greedy(self) -> jax.Array:  # [B] bool
+    return self.temperature <= 0.0
+
+
+def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
+  """Processed next-token distributions.
+
+  logits [B, N, V] (any float dtype) -> probs [B, N, V] f32, each row summing to 1.
+  Order: temperature, then top-k (ties at the k-th value are kept), then top-p on
+  what top-k left (the smallest prefix by descending probability whose mass
+  reaches top_p; the most likely token is always kept).
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = params.greedy[:, None, None]  # [B, 1, 1]
+  safe_t = jnp.where(params.greedy, 1.0, params.temperature)  # never divide by 0
+  scaled = logits / safe_t[:, None, None]
+
+  needs_filter = jnp.any((params.top_k > 0) | (params.top_p < 1.0))
+  scaled = lax.cond(needs_filter, _filter_top_k_top_p, lambda s, p: s, scaled, params)
+  probs = jax.nn.softmax(scaled, axis=-1)
+  one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  return jnp.where(greedy, one_hot, probs)
+
+
+def _filter_top_k_top_p(scaled: jax.Array, params: SamplingParams) -> jax.Array:
+  """Set logits outside each row's top-k / top-p set to -inf. scaled [B, N, V]."""
+  V = scaled.shape[-1]
+  desc = -jnp.sort(-scaled, axis=-1)  # [B, N, V] descending
+  k = jnp.where(params.top_k > 0, jnp.minimum(params.top_k, V), V)  # [B]
+  kth = jnp.take_along_axis(desc, jnp.broadcast_to((k - 1)[:, None, None], desc.shape[:2] + (1,)),
+                            axis=-1)  # [B, N, 1]
+  in_top_k = desc >= kth
+  desc_probs = jax.nn.softmax(jnp.where(in_top_k, desc, -jnp.inf), axis=-1)
+  mass_before = jnp.cumsum(desc_probs, axis=-1) - desc_probs
+  top_p = params.top_p[:, None, None]
+  keep = in_top_k & ((mass_before < top_p) | (top_p >= 1.0))
+  threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)  # [B, N, 1]
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
+def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """One token per row. keys [B] (typed PRNG keys), probs [B, V] -> int32 [B].
+
+  Zero-probability tokens have log-probability -inf and are never drawn.
+  """
+  logp = jnp.log(probs)
+  return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(keys, logp).astype(jnp.int32)
+
+
+def row_keys(seeds: jax.Array) -> jax.Array:
+  """One typed PRNG key per row from int32 seeds [B]."""
+  return jax.vmap(jax.random.key)(seeds)
+
+
+def fold(keys: jax.Array, data) -> jax.Array:
+  """fold_in per row: keys [B], data scalar or [B] int32."""
+  data = jnp.broadcast_to(jnp.asarray(data, jnp.uint32), keys.shape)
+  return jax.vmap(jax.random.fold_in)(keys, data)

@@ -1,0 +1,25 @@
+"""jspec's model zoo: architectures that implement the model contract.
+
+Installed as `jspec.models`. The engine (`jspec`) never imports from here;
+these modules produce `jspec.Model` objects the engine consumes.
+"""
+
+from jspec.models.transformer import (
+    Transformer,
+    TransformerConfig,
+    apply,
+    init,
+    init_cache,
+    init_params,
+    make_model,
+)
+
+__all__ = [
+    "Transformer",
+    "TransformerConfig",
+    "apply",
+    "init",
+    "init_cache",
+    "init_params",
+    "make_model",
+]
