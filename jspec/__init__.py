@@ -10,7 +10,7 @@ from jspec import acceptance, decode, sampling
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
 from jspec.drafter import DraftContext, Drafter
-from jspec.generate import GenerateOutput, generate, speculative_generate
+from jspec.api import GenerateOutput, generate, speculative_generate
 from jspec.model import Model
 from jspec.sampling import SamplingParams
 

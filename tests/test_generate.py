@@ -1,0 +1,206 @@
+"""End-to-end decoding: greedy exactness, per-row settings, EOS, lengths, seeds, jit cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec import api
+from conftest import assert_greedy_match, ragged_prompts
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_greedy_speculative_equals_baseline(target, close_draft, far_draft, batch, k):
+  prompts = ragged_prompts(batch, 64, seed=batch * 10 + k)
+  base = jspec.generate(target, prompts, max_new_tokens=24)
+  for draft in (close_draft, far_draft):
+    spec = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=k,
+                                      max_new_tokens=24)
+    assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+    np.testing.assert_array_equal(spec.lengths, 24)
+    # Every target call emits 1..K+1 tokens; the histogram counts every active round.
+    calls = np.asarray(spec.stats.target_calls)
+    assert np.all(calls >= -(-24 // (k + 1))) and np.all(calls <= 24)
+    assert int(np.sum(spec.stats.accept_hist)) == int(np.sum(calls))
+  # The close draft gets accepted part of the time: the run exercises partial acceptance.
+  spec = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=k,
+                                    max_new_tokens=24)
+  assert 0 < int(np.sum(spec.stats.accepted)) < batch * 24
+
+
+def test_near_tie_rule_is_checked(target):
+  """The near-tie check flags a real divergence (it is not a skip)."""
+  prompts = [[1, 2, 3]]
+  base = np.asarray(jspec.generate(target, prompts, max_new_tokens=8).tokens)
+  wrong = base.copy()
+  wrong[0, 3] = (wrong[0, 3] + 1) % 64
+  with pytest.raises(AssertionError, match="top-2 logit gap"):
+    assert_greedy_match(target, prompts, base, wrong)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_identical_draft_accepts_everything(target, k):
+  prompts = ragged_prompts(4, 64, seed=5)
+  out = jspec.speculative_generate(target, target, prompts, num_draft_tokens=k,
+                                   max_new_tokens=20)
+  rounds = -(-20 // (k + 1))
+  np.testing.assert_array_equal(out.stats.target_calls, rounds)
+  hist = np.asarray(out.stats.accept_hist)
+  assert hist[k] == 4 * rounds and hist[:k].sum() == 0
+  # Accepted drafts that were committed: all but the trimmed tail of the last round.
+  np.testing.assert_array_equal(out.stats.accepted, 20 - rounds)
+
+
+def test_identical_draft_sampled_acceptance_near_one(target):
+  out = jspec.speculative_generate(target, target, ragged_prompts(8, 64, seed=6),
+                                   num_draft_tokens=4, max_new_tokens=30, temperature=1.0)
+  proposed = 4 * int(np.sum(out.stats.target_calls))
+  # p == q up to float rounding between block shapes: acceptance is ~1.
+  assert int(np.sum(out.stats.accept_hist[:4])) <= 0.02 * proposed
+
+
+def test_mixed_greedy_and_sampled_rows(target, close_draft):
+  prompts = ragged_prompts(4, 64, seed=8)
+  temps = [0.0, 1.0, 0.0, 0.7]
+  top_k = [0, 0, 0, 5]
+  top_p = [1.0, 0.9, 1.0, 1.0]
+  mixed = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
+                                     max_new_tokens=16, temperature=temps, top_k=top_k,
+                                     top_p=top_p, seed=3)
+  greedy = jspec.generate(target, prompts, max_new_tokens=16)
+  got, want = np.asarray(mixed.tokens), np.asarray(greedy.tokens)
+  assert_greedy_match(target, [prompts[0], prompts[2]], want[[0, 2]], got[[0, 2]])
+  # Sampled rows really sample: a different seed changes them, never the greedy rows.
+  other = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
+                                     max_new_tokens=16, temperature=temps, top_k=top_k,
+                                     top_p=top_p, seed=4)
+  other = np.asarray(other.tokens)
+  np.testing.assert_array_equal(other[[0, 2]], got[[0, 2]])
+  assert not np.array_equal(other[[1, 3]], got[[1, 3]])
+  # Row 3 uses top-k 5: every token it emits is in the target's top 5 at that point.
+  P = len(prompts[3])
+  seq = jnp.asarray([list(prompts[3]) + got[3].tolist()], jnp.int32)
+  logits = np.asarray(target.logits(seq))[0]
+  for i, tok in enumerate(got[3]):
+    assert tok in np.argsort(logits[P - 1 + i])[-5:]
+
+
+@pytest.mark.parametrize("k", [2, 7])
+def test_eos_inside_accepted_run_truncates(target, k):
+  prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+  base = np.asarray(jspec.generate(target, prompts, max_new_tokens=20).tokens)
+  # Choose, for row 0, a token whose first occurrence is mid-sequence as the EOS.
+  j = next(i for i in range(3, 20) if base[0, i] not in base[0, :i])
+  eos = int(base[0, j])
+  spec = jspec.speculative_generate(target, target, prompts, num_draft_tokens=k,
+                                    max_new_tokens=20, eos_id=[eos, 63])
+  tokens, lengths = np.asarray(spec.tokens), np.asarray(spec.lengths)
+  assert lengths[0] == j + 1
+  np.testing.assert_array_equal(tokens[0, :j + 1], base[0, :j + 1])
+  assert np.all(tokens[0, j + 1:] == -1)
+  # Row 1 stops at its own first EOS (or runs to the budget), independently of row 0.
+  stops = [i for i in range(20) if base[1, i] in (eos, 63)]
+  want = stops[0] + 1 if stops else 20
+  assert lengths[1] == want
+  np.testing.assert_array_equal(tokens[1, :want], base[1, :want])
+  # Baseline honours the same EOS.
+  b2 = jspec.generate(target, prompts, max_new_tokens=20, eos_id=[eos, 63])
+  np.testing.assert_array_equal(b2.tokens, tokens)
+
+
+@pytest.mark.parametrize("max_new", [1, 5, 13])
+def test_max_new_tokens_exact(target, max_new):
+  prompts = ragged_prompts(3, 64, seed=max_new)
+  out = jspec.speculative_generate(target, target, prompts, num_draft_tokens=7,
+                                   max_new_tokens=max_new)
+  np.testing.assert_array_equal(out.lengths, max_new)
+  assert out.tokens.shape == (3, max_new) and np.all(np.asarray(out.tokens) >= 0)
+
+
+def test_per_row_max_new_tokens(target, close_draft):
+  out = jspec.speculative_generate(target, close_draft, [[1, 2], [3], [4, 5, 6]],
+                                   num_draft_tokens=3, max_new_tokens=[2, 9, 5])
+  np.testing.assert_array_equal(out.lengths, [2, 9, 5])
+  tokens = np.asarray(out.tokens)
+  assert tokens.shape == (3, 9)
+  assert np.all(tokens[0, 2:] == -1) and np.all(tokens[2, 5:] == -1)
+
+
+def test_same_seed_same_output_and_rows_independent(target, close_draft):
+  prompts = ragged_prompts(4, 64, seed=11)
+  kw = dict(num_draft_tokens=3, max_new_tokens=16, temperature=1.0, seed=123)
+  a = np.asarray(jspec.speculative_generate(target, close_draft, prompts, **kw).tokens)
+  b = np.asarray(jspec.speculative_generate(target, close_draft, prompts, **kw).tokens)
+  np.testing.assert_array_equal(a, b)
+  # Change every other row (contents, lengths, settings): row 2 is unchanged.
+  others = ragged_prompts(4, 64, seed=12)
+  others[2] = prompts[2]
+  temps = [0.0, 0.5, 1.0, 1.3]
+  c = jspec.speculative_generate(target, close_draft, others, num_draft_tokens=3,
+                                 max_new_tokens=16, temperature=temps, seed=123)
+  np.testing.assert_array_equal(np.asarray(c.tokens)[2], a[2])
+  # Different seed, different samples.
+  d = np.asarray(jspec.speculative_generate(target, close_draft, prompts,
+                                            **{**kw, "seed": 124}).tokens)
+  assert not np.array_equal(a, d)
+
+
+def test_per_row_seed_independent_of_batch_position(target, close_draft):
+  prompt = [5, 6, 7]
+  alone = jspec.speculative_generate(target, close_draft, [prompt], num_draft_tokens=3,
+                                     max_new_tokens=12, temperature=1.0, seed=[77])
+  batch = jspec.speculative_generate(target, close_draft, [[1], [2, 3], prompt],
+                                     num_draft_tokens=3, max_new_tokens=12, temperature=1.0,
+                                     seed=[1, 2, 77])
+  np.testing.assert_array_equal(np.asarray(batch.tokens)[2], np.asarray(alone.tokens)[0])
+
+
+def test_array_prompts_with_lengths(target):
+  arr = np.array([[4, 5, 6, 0], [7, 0, 0, 0]], np.int32)
+  a = jspec.generate(target, arr, prompt_lengths=[3, 1], max_new_tokens=6)
+  b = jspec.generate(target, [[4, 5, 6], [7]], max_new_tokens=6)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_no_recompile_within_buckets(target, close_draft):
+  program = api._program
+  jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=3,
+                             max_new_tokens=10)
+  size = program._cache_size()
+  # New contents, prompt lengths, max_new_tokens, sampling settings, seed, EOS ids:
+  # all traced, all within the same buckets.
+  jspec.speculative_generate(target, close_draft, [[9, 8, 7, 6, 5, 4, 3], [2]],
+                             num_draft_tokens=3, max_new_tokens=21, temperature=[0.5, 0.0],
+                             top_k=[3, 0], top_p=0.8, eos_id=[7], seed=5)
+  assert program._cache_size() == size
+  # A new K is a new program: the check above can see a recompile.
+  jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=2,
+                             max_new_tokens=10)
+  assert program._cache_size() == size + 1
+
+
+def test_pure_layer_inside_user_jit(target, close_draft):
+  """init_state / decode_loop compose inside a user's own jitted function."""
+  prompts = np.array([[1, 2, 3, 0], [4, 0, 0, 0]], np.int32)
+  lengths = np.array([3, 1], np.int32)
+  config = jspec.DecodeConfig(num_draft_tokens=3, cache_length=32)
+  params = jspec.SamplingParams(temperature=jnp.zeros((2,), jnp.float32),
+                                top_k=jnp.zeros((2,), jnp.int32),
+                                top_p=jnp.ones((2,), jnp.float32))
+
+  @jax.jit
+  def user_step(target, draft, prompts, lengths):
+    drafter = jspec.DraftModel(draft)
+    state = jspec.decode.init_state(target, drafter, prompts, lengths,
+                                    jnp.full((2,), 10, jnp.int32), params,
+                                    jnp.full((1,), -1, jnp.int32), jnp.arange(2), config)
+    state = jspec.decode.decode_round(target, drafter, state, config)  # one round by hand
+    state = jspec.decode.decode_loop(target, drafter, state, config)
+    return jspec.decode.output_tokens(state)
+
+  out, new_lengths = user_step(target, close_draft, prompts, lengths)
+  ref = jspec.generate(target, [[1, 2, 3], [4]], max_new_tokens=10)
+  np.testing.assert_array_equal(new_lengths, 10)
+  assert_greedy_match(target, [[1, 2, 3], [4]], np.asarray(ref.tokens), np.asarray(out)[:, :10])
