@@ -1,0 +1,63 @@
+"""Plain NumPy references the engine is checked against (float64, one row at a time)."""
+
+import numpy as np
+
+
+def processed_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+  """The processed next-token distribution of one logit vector, written independently."""
+  logits = np.asarray(logits, np.float64)
+  V = logits.shape[-1]
+  if temperature == 0:
+    out = np.zeros(V)
+    out[np.argmax(logits)] = 1.0
+    return out
+  z = logits / temperature
+  allowed = np.ones(V, bool)
+  if top_k > 0:
+    kth = np.sort(z)[::-1][min(top_k, V) - 1]
+    allowed &= z >= kth
+  probs = np.where(allowed, np.exp(z - z[allowed].max()), 0.0)
+  probs /= probs.sum()
+  if top_p < 1.0:
+    order = np.argsort(-probs, kind="stable")
+    mass_before = np.cumsum(probs[order]) - probs[order]
+    keep = np.zeros(V, bool)
+    keep[order[mass_before < top_p]] = True
+    probs = np.where(keep, probs, 0.0)
+    probs /= probs.sum()
+  return probs
+
+
+def bin_bound(n, p):
+  """Per-bin tolerance for a count of n draws with probability p (DESIGN.md)."""
+  return 6.0 * np.sqrt(n * p * (1.0 - p)) + 5.0
+
+
+def assert_counts_match(counts, probs, what=""):
+  """Counts follow probs: every bin within the bound, zero-probability bins empty,
+  and a chi-square statistic within 6 standard deviations of its mean."""
+  counts = np.asarray(counts, np.float64)
+  probs = np.asarray(probs, np.float64)
+  n = counts.sum()
+  assert n > 0, f"{what}: no samples"
+  zero = probs <= 0
+  assert counts[zero].sum() == 0, f"{what}: zero-probability bins drawn: {np.flatnonzero(zero & (counts > 0))}"
+  err = np.abs(counts - n * probs)
+  bound = bin_bound(n, probs)
+  bad = np.flatnonzero(err > bound)
+  assert bad.size == 0, (f"{what}: bins {bad.tolist()} off: counts {counts[bad].tolist()} "
+                         f"expected {(n * probs[bad]).round(1).tolist()}")
+  assert chi_square_ok(counts, probs), f"{what}: chi-square {chi_square(counts, probs):.1f} too large"
+
+
+def chi_square(counts, probs):
+  counts = np.asarray(counts, np.float64)
+  probs = np.asarray(probs, np.float64)
+  live = probs > 0
+  expected = counts.sum() * probs[live]
+  return float(np.sum((counts[live] - expected) ** 2 / expected))
+
+
+def chi_square_ok(counts, probs):
+  df = max(int(np.sum(np.asarray(probs) > 0)) - 1, 1)
+  return chi_square(counts, probs) <= df + 6.0 * np.sqrt(2.0 * df)
