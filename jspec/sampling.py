@@ -40,6 +40,17 @@ def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
   reaches top_p; the most likely token is always kept).
   """
   logits = logits.astype(jnp.float32)
+  # All-greedy batches (the common case for exactness checks and many evals) skip the
+  # softmax and filters entirely.
+  return lax.cond(jnp.all(params.greedy), _one_hot_argmax, _processed, logits, params)
+
+
+def _one_hot_argmax(logits: jax.Array, params: SamplingParams) -> jax.Array:
+  del params
+  return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+
+
+def _processed(logits: jax.Array, params: SamplingParams) -> jax.Array:
   greedy = params.greedy[:, None, None]  # [B, 1, 1]
   safe_t = jnp.where(params.greedy, 1.0, params.temperature)  # never divide by 0
   scaled = logits / safe_t[:, None, None]
@@ -47,8 +58,7 @@ def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
   needs_filter = jnp.any((params.top_k > 0) | (params.top_p < 1.0))
   scaled = lax.cond(needs_filter, _filter_top_k_top_p, lambda s, p: s, scaled, params)
   probs = jax.nn.softmax(scaled, axis=-1)
-  one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-  return jnp.where(greedy, one_hot, probs)
+  return jnp.where(greedy, _one_hot_argmax(logits, params), probs)
 
 
 def _filter_top_k_top_p(scaled: jax.Array, params: SamplingParams) -> jax.Array:
@@ -68,12 +78,35 @@ def _filter_top_k_top_p(scaled: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
-  """One token per row. keys [B] (typed PRNG keys), probs [B, V] -> int32 [B].
+  """One token per row by inverse-CDF sampling. keys [B] (typed), probs [B, V] -> int32 [B].
 
-  Zero-probability tokens have log-probability -inf and are never drawn.
+  `probs` need not be normalised. Two levels, because a length-V cumsum is slow
+  on XLA CPU (0.17 ms at V = 8192 against 0.025 ms for this): pick a block of
+  `_BLOCK` tokens with probability proportional to its mass, then a token inside
+  it in proportion to its probability. A zero-probability token (or block) has
+  an empty CDF interval and is never drawn.
   """
-  logp = jnp.log(probs)
-  return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(keys, logp).astype(jnp.int32)
+  B, V = probs.shape
+  C = min(_BLOCK, V)
+  nb = -(-V // C)
+  blocks = jnp.pad(probs.astype(jnp.float32), ((0, 0), (0, nb * C - V))).reshape(B, nb, C)
+  u = jax.vmap(lambda k: jax.random.uniform(k, (2,), jnp.float32))(keys)  # [B, 2]
+  block = _invert_cdf(jnp.sum(blocks, axis=-1), u[:, 0])  # [B]
+  inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, C]
+  return (block * C + _invert_cdf(inner, u[:, 1])).astype(jnp.int32)
+
+
+_BLOCK = 128
+
+
+def _invert_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
+  """Smallest i with cdf[i] > u * total, per row. weights [B, N] >= 0, u [B] in [0, 1)."""
+  cdf = jnp.cumsum(weights, axis=-1)
+  index = jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1)
+  # Rounding can push u * total onto total itself: fall back to the last positive weight.
+  N = weights.shape[-1]
+  last_positive = N - 1 - jnp.argmax(weights[:, ::-1] > 0.0, axis=-1)
+  return jnp.minimum(index, last_positive).astype(jnp.int32)
 
 
 def row_keys(seeds: jax.Array) -> jax.Array:

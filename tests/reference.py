@@ -50,14 +50,26 @@ def assert_counts_match(counts, probs, what=""):
   assert chi_square_ok(counts, probs), f"{what}: chi-square {chi_square(counts, probs):.1f} too large"
 
 
-def chi_square(counts, probs):
+def _pooled(counts, probs, min_expected=5.0):
+  """Bins with expected count >= min_expected, plus one bin pooling all the others
+  (a chi-square statistic is only meaningful where expectations are not tiny)."""
   counts = np.asarray(counts, np.float64)
   probs = np.asarray(probs, np.float64)
-  live = probs > 0
-  expected = counts.sum() * probs[live]
-  return float(np.sum((counts[live] - expected) ** 2 / expected))
+  n = counts.sum()
+  big = n * probs >= min_expected
+  c = np.append(counts[big], counts[~big].sum())
+  p = np.append(probs[big], probs[~big].sum())
+  live = p > 0
+  return c[live], p[live]
+
+
+def chi_square(counts, probs):
+  c, p = _pooled(counts, probs)
+  expected = c.sum() * p
+  return float(np.sum((c - expected) ** 2 / expected))
 
 
 def chi_square_ok(counts, probs):
-  df = max(int(np.sum(np.asarray(probs) > 0)) - 1, 1)
+  c, p = _pooled(counts, probs)
+  df = max(len(p) - 1, 1)
   return chi_square(counts, probs) <= df + 6.0 * np.sqrt(2.0 * df)

@@ -26,7 +26,7 @@ PROMPT = [1, 4]
 
 @pytest.fixture(scope="module")
 def pair():
-  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.6)
+  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
   return jspec.models.init(config, seed=21), jspec.models.init(config, seed=22)
 
 

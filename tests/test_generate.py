@@ -175,8 +175,9 @@ def test_no_recompile_within_buckets(target, close_draft):
                              num_draft_tokens=3, max_new_tokens=21, temperature=[0.5, 0.0],
                              top_k=[3, 0], top_p=0.8, eos_id=[7], seed=5)
   assert program._cache_size() == size
-  # A new K is a new program: the check above can see a recompile.
-  jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=2,
+  # A new K is a new program: the check above can see a recompile (K = 6 at batch 2
+  # is used by no other test, so it cannot already be cached).
+  jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=6,
                              max_new_tokens=10)
   assert program._cache_size() == size + 1
 
