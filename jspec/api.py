@@ -45,7 +45,9 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
       right-padded with `prompt_lengths=[B]`.
     max_new_tokens: int, or one int per row.
     temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
-    eos_id: None, an id, or a list of ids; a row stops after emitting any of them.
+    eos_id: an id or a list of ids; a row stops after emitting any of them. None
+      (the default) uses the model's own `eos_ids` (from its checkpoint; none for
+      a random-init model); `()` disables stopping on EOS.
     seed: int, or one int per row. With one int, row b uses the stream
       (seed, b); with per-row seeds a row's output depends on its own seed only.
     cache_length: optional explicit cache slots per row (default: a bucket that fits).
@@ -97,7 +99,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   top_p_np = np.asarray(params.top_p)
   if np.any(~((top_p_np > 0) & (top_p_np <= 1))):
     raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
-  eos = _eos_array(eos_id, target.vocab_size)
+  eos = _eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = _seeds(seed, B)
 
   needed = int(lengths.max()) + int(max_new.max()) + K + 1

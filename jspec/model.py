@@ -33,15 +33,21 @@ ApplyFn = Callable[..., tuple[jax.Array, jax.Array, Any]]
 InitCacheFn = Callable[[Any, int, int, Any], Any]
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A decoder ready for decoding: `config` and functions static, `params` traced."""
+  """A decoder ready for decoding: `config` and functions static, `params` traced.
+
+  `tokenizer` (optional, host-side only) and `eos_ids` (default stop ids) ride
+  along for text helpers; the tokenizer is dropped when the model is flattened
+  into a jitted program, so two loads of one checkpoint share compiled code.
+  """
 
   params: Any
-  config: Any = dataclasses.field(metadata=dict(static=True))
-  apply_fn: ApplyFn = dataclasses.field(metadata=dict(static=True))
-  init_cache_fn: InitCacheFn = dataclasses.field(metadata=dict(static=True))
+  config: Any
+  apply_fn: ApplyFn
+  init_cache_fn: InitCacheFn
+  tokenizer: Any = None
+  eos_ids: tuple[int, ...] = ()
 
   @property
   def vocab_size(self) -> int:
@@ -95,3 +101,20 @@ def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
   start = jnp.zeros((tokens.shape[0],), jnp.int32)
   logits, _, _ = model.apply(tokens, None, start)
   return logits
+
+
+def _flatten(model: Model):
+  return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids)
+
+
+def _flatten_with_keys(model: Model):
+  return ((jax.tree_util.GetAttrKey("params"), model.params),), _flatten(model)[1]
+
+
+def _unflatten(aux, children):
+  config, apply_fn, init_cache_fn, eos_ids = aux
+  return Model(params=children[0], config=config, apply_fn=apply_fn,
+               init_cache_fn=init_cache_fn, eos_ids=eos_ids)
+
+
+jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)
