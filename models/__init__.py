@@ -4,6 +4,16 @@ Installed as `jspec.models`. The engine (`jspec`) never imports from here;
 these modules produce `jspec.Model` objects the engine consumes.
 """
 
+from jspec.models.layers import (
+    DenseMLP,
+    GatedMLP,
+    LayerNorm,
+    Learned,
+    LinearScaling,
+    Llama3Scaling,
+    RMSNorm,
+    Rotary,
+)
 from jspec.models.transformer import (
     Transformer,
     TransformerConfig,
@@ -15,6 +25,14 @@ from jspec.models.transformer import (
 )
 
 __all__ = [
+    "DenseMLP",
+    "GatedMLP",
+    "LayerNorm",
+    "Learned",
+    "LinearScaling",
+    "Llama3Scaling",
+    "RMSNorm",
+    "Rotary",
     "Transformer",
     "TransformerConfig",
     "apply",

@@ -1,8 +1,12 @@
-"""Reference decoder of the Llama family, written once as pure functions.
+"""Reference decoder: the Llama family and its relatives, written once as pure functions.
 
-RMSNorm, rotary embeddings (configurable theta), grouped-query attention,
-SwiGLU MLP, tied or untied embeddings. The config speaks Hugging Face
-`LlamaConfig` field names so that real checkpoints map onto it field for field.
+Default options give Llama (RMSNorm, rotary embeddings with configurable theta,
+grouped-query attention, SwiGLU MLP, tied or untied embeddings). Small option
+types (`models/layers.py`) and a few fields that mirror Hugging Face config fields
+cover Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Gemma (GeGLU, (1 + w) norms,
+scaled embeddings), Gemma 2 (soft-capping, sliding-window layers, post norms) and
+GPT-2 (learned positions, LayerNorm, GELU MLP, biases). The config speaks Hugging
+Face `LlamaConfig` field names.
 
 Two faces over the same math:
   * `apply(config, params, tokens, cache, start, block_mask, depth)`: the pure
@@ -11,16 +15,19 @@ Two faces over the same math:
   * `Transformer`, a Flax NNX module holding the same params as `nnx.Param`s,
     trainable with optax like any NNX model.
 
-Params are a plain nested dict with every layer stacked on a leading axis L,
-so the layer loop is one `lax.scan` (compile time independent of depth):
+Params are a plain nested dict with every layer stacked on a leading axis L, so
+the layer loop is one `lax.scan` (compile time independent of depth):
 
-    embed        [V, D]
-    layers/attn_norm [L, D]      layers/mlp_norm [L, D]
-    layers/wq    [L, D, H, Dh]   layers/wk, wv   [L, D, Hkv, Dh]
-    layers/wo    [L, H, Dh, D]
-    layers/w_gate, w_up [L, D, F]                layers/w_down [L, F, D]
-    final_norm   [D]
-    lm_head      [D, V]          (absent when tie_word_embeddings)
+    embed [V, D]                 pos_embed [P, D]        (Learned positions only)
+    layers/attn_norm/scale [L, D]    (+ /bias for LayerNorm; same for every norm)
+    layers/wq [L, D, H, Dh]   layers/wk, wv [L, D, Hkv, Dh]   layers/wo [L, H, Dh, D]
+    layers/bq [L, H, Dh]      layers/bk, bv [L, Hkv, Dh]      layers/bo [L, D]   (biases)
+    layers/q_norm, k_norm     [L, Dh]                         (qk_norm)
+    layers/post_attn_norm, post_mlp_norm                      (post_norms)
+    layers/mlp_norm
+    layers/w_gate, w_up [L, D, F]   layers/w_down [L, F, D]   (+ b_gate, b_up, b_down)
+    final_norm
+    lm_head [D, V]                                            (absent when tied)
 
 Cache: K as [L, B, Hkv, S, Dh] and V as [L, B, Hkv, Dh, S]. XLA CPU's attention
 matmuls consume exactly these layouts; others transpose the whole cache every
@@ -31,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +45,15 @@ from flax import nnx
 from jax import lax
 
 from jspec.model import Model
+from jspec.models import layers
+from jspec.models.layers import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
+
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Llama-family hyperparameters under Hugging Face `LlamaConfig` names."""
+  """Decoder hyperparameters under Hugging Face `LlamaConfig` names, plus options."""
 
   vocab_size: int
   hidden_size: int
@@ -52,17 +62,34 @@ class TransformerConfig:
   num_attention_heads: int
   num_key_value_heads: int | None = None  # None: MHA (= num_attention_heads)
   head_dim: int | None = None  # None: hidden_size // num_attention_heads
-  rms_norm_eps: float = 1e-6
+  rms_norm_eps: float = 1e-6  # the eps of every norm, RMS or LayerNorm
   rope_theta: float = 10000.0
   max_position_embeddings: int = 2048
   tie_word_embeddings: bool = False
   initializer_range: float = 0.02
+  # Architecture options; the defaults are Llama's.
+  norm: RMSNorm | LayerNorm = RMSNorm()
+  positions: Rotary | Learned = Rotary()
+  mlp: GatedMLP | DenseMLP = GatedMLP()
+  qkv_bias: bool = False  # biases on q, k, v projections (Qwen2, GPT-2)
+  o_bias: bool = False  # bias on the attention output projection (GPT-2)
+  mlp_bias: bool = False  # biases on the MLP projections (GPT-2)
+  qk_norm: bool = False  # per-head norm of q and k before rotary (Qwen3)
+  post_norms: bool = False  # norms on attention and MLP outputs too (Gemma 2)
+  embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden_size)
+  query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma 2)
+  attn_logit_softcapping: float | None = None  # Gemma 2
+  final_logit_softcapping: float | None = None  # Gemma 2
+  sliding_window: int | None = None  # window of "sliding_attention" layers
+  layer_types: tuple[str, ...] | None = None  # per layer; None: all sliding if window set
 
   def __post_init__(self):
     if self.num_key_value_heads is None:
       object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
     if self.head_dim is None:
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+    if self.layer_types is not None:
+      object.__setattr__(self, "layer_types", tuple(self.layer_types))
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "head_dim",
                  "max_position_embeddings"):
@@ -72,14 +99,34 @@ class TransformerConfig:
       raise ValueError(
           f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
           f"num_key_value_heads ({self.num_key_value_heads})")
-    if self.head_dim % 2:
+    if isinstance(self.positions, Rotary) and self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+    if self.layer_types is not None:
+      if len(self.layer_types) != self.num_hidden_layers:
+        raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
+                         f"{self.num_hidden_layers} layers")
+      unknown = set(self.layer_types) - {FULL, SLIDING}
+      if unknown:
+        raise ValueError(f"unknown layer types {sorted(unknown)}; known: {FULL}, {SLIDING}")
+      if SLIDING in self.layer_types and not self.sliding_window:
+        raise ValueError("sliding_attention layers need sliding_window")
+
+  def windows(self) -> tuple[int, ...]:
+    """Attention window per layer; 0 means the whole prefix."""
+    window = int(self.sliding_window or 0)
+    types = self.layer_types or ((SLIDING if window else FULL),) * self.num_hidden_layers
+    return tuple(window if t == SLIDING else 0 for t in types)
+
+  def to_dict(self) -> dict:
+    """JSON-ready fields; `from_dict` inverts it."""
+    return dataclasses.asdict(self)
 
   @classmethod
   def from_dict(cls, fields: dict) -> "TransformerConfig":
-    """Build from a (Hugging Face style) dict, ignoring fields it does not use."""
+    """Build from `to_dict` output or a Llama-style dict, ignoring fields it does not use."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in fields.items() if k in names})
+    kept = {k: layers.option_from_dict(v) for k, v in fields.items() if k in names}
+    return cls(**kept)
 
 
 # ----------------------------------------------------------------------------- params
@@ -87,23 +134,37 @@ class TransformerConfig:
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def init_params(config: TransformerConfig, key: jax.Array, dtype=jnp.float32) -> dict:
-  """Random params: normal(0, initializer_range) weights, unit norms."""
+  """Random params: normal(0, initializer_range) weights, unit norms, zero biases."""
   c = config
   L, D, F, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size
   H, Hkv, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-  shapes = {
-      "wq": (L, D, H, Dh), "wk": (L, D, Hkv, Dh), "wv": (L, D, Hkv, Dh), "wo": (L, H, Dh, D),
-      "w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D),
-  }
-  keys = jax.random.split(key, len(shapes) + 2)
+  shapes = {"wq": (L, D, H, Dh), "wk": (L, D, Hkv, Dh), "wv": (L, D, Hkv, Dh),
+            "wo": (L, H, Dh, D), "w_down": (L, F, D)}
+  for name in c.mlp.weight_names():
+    shapes[name] = (L, D, F)
+  keys = jax.random.split(key, len(shapes) + 3)
 
   def normal(k, shape):
     return (c.initializer_range * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
 
-  layers = {name: normal(k, shape) for k, (name, shape) in zip(keys[2:], shapes.items())}
-  layers["attn_norm"] = jnp.ones((L, D), dtype)
-  layers["mlp_norm"] = jnp.ones((L, D), dtype)
-  params = {"embed": normal(keys[0], (V, D)), "layers": layers, "final_norm": jnp.ones((D,), dtype)}
+  lay = {name: normal(k, shape) for k, (name, shape) in zip(keys[3:], shapes.items())}
+  zeros = lambda *shape: jnp.zeros(shape, dtype)
+  if c.qkv_bias:
+    lay.update(bq=zeros(L, H, Dh), bk=zeros(L, Hkv, Dh), bv=zeros(L, Hkv, Dh))
+  if c.o_bias:
+    lay["bo"] = zeros(L, D)
+  if c.mlp_bias:
+    lay.update({"b_" + n[2:]: zeros(L, F) for n in c.mlp.weight_names()}, b_down=zeros(L, D))
+  norms = ["attn_norm", "mlp_norm"] + (["post_attn_norm", "post_mlp_norm"] if c.post_norms else [])
+  for name in norms:
+    lay[name] = c.norm.params((L, D), dtype)
+  if c.qk_norm:
+    lay["q_norm"] = c.norm.params((L, Dh), dtype)
+    lay["k_norm"] = c.norm.params((L, Dh), dtype)
+  params = {"embed": normal(keys[0], (V, D)), "layers": lay,
+            "final_norm": c.norm.params((D,), dtype)}
+  if isinstance(c.positions, Learned):
+    params["pos_embed"] = normal(keys[2], (c.max_position_embeddings, D))
   if not c.tie_word_embeddings:
     params["lm_head"] = normal(keys[1], (D, V))
   return params
@@ -119,54 +180,23 @@ def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.flo
   }
 
 
-# ----------------------------------------------------------------------------- math
+# ----------------------------------------------------------------------------- forward
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  # Normalise in f32, scale in the param dtype (as Hugging Face Llama does).
-  x32 = x.astype(jnp.float32)
-  x32 = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return x32.astype(x.dtype) * weight.reshape((1,) * (x.ndim - 1) + weight.shape)
+def _visibility(start, block_mask, depth, slots: int):
+  """Which slots each block token sees, and the position held in every slot.
 
-
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding, half-split convention. x [B, T, H, Dh], positions [B, T]."""
-  half = x.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))  # [Dh/2]
-  angles = positions.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]  # [B, T, Dh/2]
-  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
-  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
-
-
-def attention(q, k, v, visible) -> jax.Array:
-  """Grouped-query attention.
-
-  q [B, T, H, Dh]; k [B, Hkv, S, Dh]; v [B, Hkv, Dh, S]; visible bool [B, T, S].
-  Returns [B, T, H, Dh].
+  Returns visible bool [B, T, S] (DESIGN.md contract) and kv_pos int32 [B, S].
   """
-  B, T, H, Dh = q.shape
-  Hkv = k.shape[1]
-  G = H // Hkv
-  q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, Dh]
-  scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (1.0 / math.sqrt(Dh))
-  scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bkds->bkgtd", probs, v)  # [B, Hkv, G, T, Dh]
-  return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
-
-
-def _visibility(start, block_mask, slots: int) -> jax.Array:
-  """[B, T, S]: slot s is visible to block token t of row b (DESIGN.md contract)."""
   T = block_mask.shape[0]
   s = jnp.arange(slots, dtype=jnp.int32)[None, :]  # [1, S]
   rel = s - start[:, None]  # [B, S] slot offset inside the block
   in_block = (rel >= 0) & (rel < T)
-  from_block = jnp.take(block_mask, jnp.clip(rel, 0, T - 1), axis=1)  # [T, B, S]
-  from_block = from_block.transpose(1, 0, 2) & in_block[:, None, :]
-  return (rel < 0)[:, None, :] | from_block
+  rel_c = jnp.clip(rel, 0, T - 1)
+  from_block = jnp.take(block_mask, rel_c, axis=1).transpose(1, 0, 2) & in_block[:, None, :]
+  visible = (rel < 0)[:, None, :] | from_block
+  kv_pos = jnp.where(in_block, start[:, None] + jnp.take(depth, rel_c), s)
+  return visible, kv_pos
 
 
 def _write(buffer, new, start, axis: int):
@@ -180,33 +210,52 @@ def _write(buffer, new, start, axis: int):
   return jax.vmap(one)(buffer, new.astype(buffer.dtype), start)
 
 
+def _project(h, w, b=None):
+  y = jnp.einsum("btd,dhk->bthk", h, w)
+  return y if b is None else y + b[None, None]
+
+
 def apply(config: TransformerConfig, params: dict, tokens, cache, start,
           block_mask=None, depth=None):
   """The model contract. See module docstring and DESIGN.md."""
   c = config
   B, T = tokens.shape
-  H, Hkv, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
   if block_mask is None:
     block_mask = jnp.tril(jnp.ones((T, T), bool))
   if depth is None:
     depth = jnp.arange(T, dtype=jnp.int32)
   start = start.astype(jnp.int32)
   positions = start[:, None] + depth[None, :]  # [B, T]
+
   x = jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
+  if c.embedding_multiplier != 1.0:
+    x = x * jnp.asarray(c.embedding_multiplier, x.dtype)
+  if isinstance(c.positions, Learned):
+    x = x + jnp.take(params["pos_embed"], positions, axis=0)
+  rotary = c.positions if isinstance(c.positions, Rotary) else None
 
   if cache is None:  # cache-free pass over the block alone (training, tests)
     visible = jnp.broadcast_to(block_mask[None], (B, T, T))
+    kv_pos = positions
   else:
-    visible = _visibility(start, block_mask, cache["k"].shape[3])
+    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"].shape[3])
+  behind = positions[:, :, None] - kv_pos[:, None, :]  # [B, T, S] distance back
+  scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
+  norm = functools.partial(c.norm, eps=c.rms_norm_eps)
 
   def layer(carry, inputs):
     x, cache = carry
-    w, index = inputs
+    w, index, window = inputs
     with jax.named_scope("attention"):
-      h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-      q = rope(jnp.einsum("btd,dhk->bthk", h, w["wq"]), positions, c.rope_theta)
-      k = rope(jnp.einsum("btd,dhk->bthk", h, w["wk"]), positions, c.rope_theta)
-      v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
+      h = norm(x, w["attn_norm"])
+      q = _project(h, w["wq"], w.get("bq"))
+      k = _project(h, w["wk"], w.get("bk"))
+      v = _project(h, w["wv"], w.get("bv"))
+      if c.qk_norm:
+        q, k = norm(q, w["q_norm"]), norm(k, w["k_norm"])
+      if rotary is not None:
+        q = layers.rope(q, positions, c.rope_theta, rotary.scaling)
+        k = layers.rope(k, positions, c.rope_theta, rotary.scaling)
       k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
       v = v.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
       if cache is not None:
@@ -214,32 +263,41 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         layer_v = _write(cache["v"][index], v, start, axis=3)
         cache = {"k": cache["k"].at[index].set(layer_k), "v": cache["v"].at[index].set(layer_v)}
         k, v = layer_k, layer_v
-      attn = attention(q, k, v, visible)
-      x = x + jnp.einsum("bthk,hkd->btd", attn, w["wo"])
+      seen = visible & ((window == 0) | (behind < window))
+      out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
+      out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
+      if "bo" in w:
+        out = out + w["bo"][None, None, :]
+      if c.post_norms:
+        out = norm(out, w["post_attn_norm"])
+      x = x + out
     with jax.named_scope("mlp"):
-      h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-      gate = jnp.einsum("btd,df->btf", h, w["w_gate"])
-      up = jnp.einsum("btd,df->btf", h, w["w_up"])
-      x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["w_down"])
+      out = c.mlp(norm(x, w["mlp_norm"]), w)
+      if c.post_norms:
+        out = norm(out, w["post_mlp_norm"])
+      x = x + out
     return (x, cache), None
 
   layer_index = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)
-  (x, cache), _ = lax.scan(layer, (x, cache), (params["layers"], layer_index))
-  hidden = rms_norm(x, params["final_norm"], c.rms_norm_eps)  # [B, T, D]
+  windows = jnp.asarray(c.windows(), jnp.int32)
+  (x, cache), _ = lax.scan(layer, (x, cache), (params["layers"], layer_index, windows))
+  hidden = norm(x, params["final_norm"])  # [B, T, D]
   head = params["embed"].T if c.tie_word_embeddings else params["lm_head"]
   logits = jnp.einsum("btd,dv->btv", hidden, head, preferred_element_type=jnp.float32)
+  if c.final_logit_softcapping:
+    logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
   return logits, hidden, cache
 
 
 # ----------------------------------------------------------------------------- NNX module
 
 
-class _Layers(nnx.Module):
-  """All decoder layers, each weight stacked on a leading layer axis."""
+class _Group(nnx.Module):
+  """A nested group of params (e.g. all layers, stacked on a leading axis)."""
 
   def __init__(self, params: dict):
     for name, value in params.items():
-      setattr(self, name, nnx.Param(value))
+      setattr(self, name, _Group(value) if isinstance(value, dict) else nnx.Param(value))
 
 
 class Transformer(nnx.Module):
@@ -252,12 +310,8 @@ class Transformer(nnx.Module):
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
     self.config = config
-    params = init_params(config, rngs.params(), dtype)
-    self.embed = nnx.Param(params["embed"])
-    self.layers = _Layers(params["layers"])
-    self.final_norm = nnx.Param(params["final_norm"])
-    if "lm_head" in params:
-      self.lm_head = nnx.Param(params["lm_head"])
+    for name, value in init_params(config, rngs.params(), dtype).items():
+      setattr(self, name, _Group(value) if isinstance(value, dict) else nnx.Param(value))
 
   def params(self) -> dict:
     """The plain nested dict that `apply` consumes."""
@@ -272,10 +326,11 @@ class Transformer(nnx.Module):
     return make_model(self.config, self.params())
 
 
-def make_model(config: TransformerConfig, params: dict) -> Model:
-  return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache)
+def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
+  return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache, **extra)
 
 
 def init(config: TransformerConfig, seed: int = 0, dtype=jnp.float32) -> Model:
   """A random-init `jspec.Model` of this architecture."""
   return make_model(config, init_params(config, jax.random.key(seed), dtype))
+
