@@ -6,13 +6,18 @@ run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
 """
 
-from jspec import acceptance, decode, sampling
+from jspec import acceptance, decode, sampling, sharding
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
 from jspec.drafter import DraftContext, Drafter
 from jspec.api import GenerateOutput, generate, speculative_generate
+from jspec.checkpoint import load, save
+from jspec.datastore import Datastore
 from jspec.model import Model
+from jspec.ngram import NGram
 from jspec.sampling import SamplingParams
+from jspec.text import generate_text
+from jspec.tokenizer import Tokenizer
 
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
 
@@ -22,16 +27,23 @@ __all__ = [
     "DecodeConfig",
     "DecodeState",
     "DecodeStats",
+    "Datastore",
     "DraftContext",
     "DraftModel",
     "Drafter",
     "GenerateOutput",
     "Model",
+    "NGram",
     "SamplingParams",
+    "Tokenizer",
     "acceptance",
     "decode",
     "generate",
+    "generate_text",
+    "load",
     "models",
     "sampling",
+    "sharding",
+    "save",
     "speculative_generate",
 ]

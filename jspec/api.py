@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import decode
+from jspec import decode, sharding
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.sampling import SamplingParams
@@ -36,7 +36,8 @@ class GenerateOutput:
 
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
-             eos_id=None, seed=0, prompt_lengths=None, cache_length=None) -> GenerateOutput:
+             eos_id=None, seed=0, prompt_lengths=None, cache_length=None, mesh=None,
+             rules=None) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -51,20 +52,26 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
     seed: int, or one int per row. With one int, row b uses the stream
       (seed, b); with per-row seeds a row's output depends on its own seed only.
     cache_length: optional explicit cache slots per row (default: a bucket that fits).
+    mesh: optional `jax.sharding.Mesh` (axes `data`, `model`) or `jspec.sharding.Layout`:
+      params are placed by `rules` (default `jspec.sharding.HYBRID`), prompts and the
+      KV cache split over the batch. Results equal the one-device results.
   """
   return _run(model, None, prompts, 0, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-              prompt_lengths, cache_length)
+              prompt_lengths, cache_length, mesh, rules)
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
-                         prompt_lengths=None, cache_length=None) -> GenerateOutput:
+                         prompt_lengths=None, cache_length=None, mesh=None,
+                         rules=None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
   equal `generate(target, ...)`. `draft` is a `jspec.Model` (drafted at each
   row's own sampling settings) or any object following `jspec.drafter.Drafter`.
-  Other arguments as in `generate`.
+  Other arguments as in `generate`; with `mesh=`, a draft model is replicated
+  unless its params are already placed on that mesh (shard it yourself with
+  `jspec.sharding.shard_model(draft, layout)` to split it by the same rules).
   """
   K = num_draft_tokens
   if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
@@ -76,16 +83,17 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, m
     raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
                      f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
   return _run(target, drafter, prompts, int(K), max_new_tokens, temperature, top_k, top_p, eos_id,
-              seed, prompt_lengths, cache_length)
+              seed, prompt_lengths, cache_length, mesh, rules)
 
 
 # ----------------------------------------------------------------------------- host side
 
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-         prompt_lengths, cache_length) -> GenerateOutput:
+         prompt_lengths, cache_length, mesh, rules) -> GenerateOutput:
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+  layout = sharding.as_layout(mesh, rules)
   tokens, lengths = _prompts_to_array(prompts, prompt_lengths, target.vocab_size)
   B = tokens.shape[0]
   max_new = _per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
@@ -118,12 +126,36 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
           f"are needed")
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   tokens = tokens[:, :S]
-  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S)
-  out, new_lengths, stats = _program(target, drafter, jnp.asarray(tokens), jnp.asarray(lengths),
-                                     jnp.asarray(max_new), params, jnp.asarray(eos),
-                                     jnp.asarray(seeds), config)
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
+  rows = [tokens, lengths, max_new, np.asarray(params.temperature), np.asarray(params.top_k),
+          np.asarray(params.top_p), seeds]
+  if layout is None:
+    rows = [jnp.asarray(x) for x in rows]
+    eos_ids = jnp.asarray(eos)
+  else:
+    target = _placed(target, layout, replicate=False)
+    if isinstance(drafter, DraftModel):
+      drafter = DraftModel(_placed(drafter.model, layout, replicate=True))
+    rows = [sharding.put(x, layout.batch(x.shape)) for x in rows]
+    eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
+  tokens_, lengths_, max_new_, temp_, top_k_, top_p_, seeds_ = rows
+  params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
+  out, new_lengths, stats = _program(target, drafter, tokens_, lengths_, max_new_, params, eos_ids,
+                                     seeds_, config)
   width = int(max_new.max())
+  if layout is not None and not out.is_fully_addressable:  # multi-host: every process gets all
+    out, new_lengths, stats = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(sharding.fetch(x)), (out, new_lengths, stats))
   return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats)
+
+
+def _placed(model: Model, layout, replicate: bool) -> Model:
+  """The model on the layout's mesh: kept as is when already placed there."""
+  leaves = jax.tree_util.tree_leaves(model.params)
+  on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+                and x.sharding.mesh.devices.tolist() == layout.mesh.devices.tolist()
+                for x in leaves)
+  return model if on_mesh else sharding.shard_model(model, layout, replicate=replicate)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

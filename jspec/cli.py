@@ -1,6 +1,8 @@
-"""Command line: `jspec demo`, the main job.
+"""Command line: `jspec demo` (the main job) and checkpoint conversion.
 
     jspec demo [--k 4] [--max-new-tokens 64] [--repeats 5]
+    jspec convert HF_DIR OUT_DIR [--dtype bfloat16|float32]
+    jspec export-hf NATIVE_DIR OUT_DIR
 
 Until trained checkpoints ship, the demo runs a random-init target with two
 drafters at batch 1: the target itself (acceptance 1, which shows the loop's
@@ -104,6 +106,33 @@ def demo(args) -> int:
   return 0
 
 
+def convert(args) -> int:
+  """Hugging Face directory (or Hub id) -> native jspec checkpoint."""
+  import jspec
+
+  model = jspec.load(args.src, dtype=args.dtype)
+  jspec.save(model, args.out)
+  _describe("wrote", args.out, model)
+  return 0
+
+
+def export_hf(args) -> int:
+  """Native jspec checkpoint -> Hugging Face directory (safetensors, tokenizer, EOS)."""
+  import jspec
+  from jspec import checkpoint
+
+  model = jspec.load(args.src)
+  checkpoint.save_hf(model, args.out)
+  _describe("exported", args.out, model)
+  return 0
+
+
+def _describe(verb, path, model) -> None:
+  tokenizer = "with tokenizer" if model.tokenizer is not None else "no tokenizer"
+  print(f"{verb} {path}: {type(model.config).__name__}, {model.num_params():,} params, "
+        f"{model.dtype}, {tokenizer}, EOS ids {list(model.eos_ids)}")
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +143,17 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--repeats", type=int, default=5)
   p.set_defaults(func=demo)
+  p = sub.add_parser("convert", help="Hugging Face directory or Hub id -> native checkpoint")
+  p.add_argument("src", metavar="HF_DIR",
+                 help="directory with config.json + safetensors, or a Hub id org/name")
+  p.add_argument("out", metavar="OUT_DIR", help="new (or empty) directory to write")
+  p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                 help="cast floating-point params (default: keep the stored dtype)")
+  p.set_defaults(func=convert)
+  p = sub.add_parser("export-hf", help="native checkpoint -> Hugging Face directory")
+  p.add_argument("src", metavar="NATIVE_DIR")
+  p.add_argument("out", metavar="OUT_DIR")
+  p.set_defaults(func=export_hf)
   args = parser.parse_args(argv)
   return args.func(args)
 

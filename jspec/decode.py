@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jspec import acceptance, sampling
+from jspec import acceptance, sampling, sharding
 from jspec.drafter import DraftContext
 from jspec.model import Model
 
@@ -43,6 +43,7 @@ class DecodeConfig:
 
   num_draft_tokens: int  # K; 0 = baseline decoding, no drafter
   cache_length: int  # S slots per row, >= prompt + max_new_tokens + K + 1
+  layout: sharding.Layout | None = None  # mesh + rules for the target cache; None: one device
 
 
 @jax.tree_util.register_dataclass
@@ -90,7 +91,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
-  cache = target.init_cache(B, S)
+  cache = sharding.constrain_cache(target, target.init_cache(B, S), config.layout)
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
     with jax.named_scope("target_prefill"):
       _, _, cache = target.apply(tokens[:, :-1], cache, jnp.zeros((B,), jnp.int32))

@@ -48,6 +48,9 @@ class Model:
   init_cache_fn: InitCacheFn
   tokenizer: Any = None
   eos_ids: tuple[int, ...] = ()
+  # axes_fn(config) -> (param axes, cache axes): trees of logical axis-name tuples
+  # matching params and cache (see jspec/sharding.py); None: replicate everything.
+  axes_fn: Callable[[Any], tuple[Any, Any]] | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -104,7 +107,8 @@ def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 
 def _flatten(model: Model):
-  return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids)
+  return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids,
+                           model.axes_fn)
 
 
 def _flatten_with_keys(model: Model):
@@ -112,9 +116,9 @@ def _flatten_with_keys(model: Model):
 
 
 def _unflatten(aux, children):
-  config, apply_fn, init_cache_fn, eos_ids = aux
+  config, apply_fn, init_cache_fn, eos_ids, axes_fn = aux
   return Model(params=children[0], config=config, apply_fn=apply_fn,
-               init_cache_fn=init_cache_fn, eos_ids=eos_ids)
+               init_cache_fn=init_cache_fn, eos_ids=eos_ids, axes_fn=axes_fn)
 
 
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)

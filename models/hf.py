@@ -24,7 +24,8 @@ import numpy as np
 
 from jspec.models.layers import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
                                  Llama3Scaling, RMSNorm, Rotary)
-from jspec.models.transformer import FULL, SLIDING, TransformerConfig, init_params, make_model
+from jspec.models.transformer import (FULL, SLIDING, TransformerConfig, init_params,
+                                      logical_axes, make_model)
 
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "gelu": "gelu"}
@@ -311,11 +312,13 @@ def _open(file, safe_open):
     raise CheckpointError(f"{file} is not a readable safetensors file: {e}") from None
 
 
-def load_hf(path: str, dtype=None):
+def load_hf(path: str, dtype=None, layout=None):
   """Load a local Hugging Face model directory as a `jspec.Model` (weights only).
 
   dtype: the params' dtype (e.g. jnp.bfloat16 on TPU/GPU, jnp.float32 on CPU);
   None keeps the checkpoint's own.
+  layout: optional `jspec.sharding.Layout`; each param is placed with its
+  sharding as soon as it has been read, before the next one is read.
   """
   from safetensors import safe_open
 
@@ -371,6 +374,18 @@ def load_hf(path: str, dtype=None):
           out[p] = np.empty(flat_shapes[p].shape, target_dtype)
         out[p][layer] = value
 
+  axes = None if layout is None else _flatten(logical_axes(config)[0])
+
+  def place(paths):
+    """Move finished params to the device (sharded when a layout is given) right away,
+    so host memory holds at most one stacked param at a time."""
+    for p in paths:
+      if p in out and isinstance(out[p], np.ndarray):
+        value = out[p]
+        out[p] = (jnp.asarray(value) if layout is None
+                  else jax.device_put(value, layout.sharding(value.shape, axes[p])))
+        del value
+
   for rule in top_rules:
     names = [prefix + n for n in rule.theirs]
     if rule.ours == ("lm_head",):
@@ -379,13 +394,15 @@ def load_hf(path: str, dtype=None):
         used.update(n for n in names if n in files)
         continue
     apply_rule(rule, names, None)
-  for i in range(L):
-    for rule in layer_rules:
+    place(rule.ours)
+  for rule in layer_rules:  # param by param, each layer in turn: one stack in host memory
+    for i in range(L):
       names = [layer_prefix.format(i) + n for n in rule.theirs]
       if rule.optional and not all(n in files for n in names):
         if all(p not in flat_shapes for p in rule.ours):
           continue
       apply_rule(rule, names, i)
+    place(rule.ours)
   for handle in handles.values():
     handle.__exit__(None, None, None)
 
@@ -397,8 +414,7 @@ def load_hf(path: str, dtype=None):
   missing = [p for p in flat_shapes if p not in out]
   if missing:
     raise CheckpointError(f"the checkpoint in {path} has no tensors for params {missing}")
-  params = _unflatten({p: jnp.asarray(out.pop(p)) for p in list(out)})
-  return make_model(config, params)
+  return make_model(config, _unflatten(out))
 
 
 def _their_shapes(rule, config, flat_shapes, per_layer):

@@ -326,8 +326,40 @@ class Transformer(nnx.Module):
     return make_model(self.config, self.params())
 
 
+def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
+  """Logical axis names of every param and cache dimension (jspec/sharding.py)."""
+  params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  by_name = {
+      "embed": ("vocab", "embed"), "pos_embed": ("sequence", "embed"),
+      "lm_head": ("embed", "vocab"),
+      "wq": ("layers", "embed", "heads", "head_dim"),
+      "wk": ("layers", "embed", "kv_heads", "head_dim"),
+      "wv": ("layers", "embed", "kv_heads", "head_dim"),
+      "wo": ("layers", "heads", "head_dim", "embed"),
+      "bq": ("layers", "heads", "head_dim"), "bk": ("layers", "kv_heads", "head_dim"),
+      "bv": ("layers", "kv_heads", "head_dim"), "bo": ("layers", "embed"),
+      "w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
+      "w_down": ("layers", "mlp", "embed"), "b_gate": ("layers", "mlp"),
+      "b_up": ("layers", "mlp"), "b_down": ("layers", "embed"),
+  }
+
+  def axes(path, leaf):
+    names = [getattr(k, "key", None) for k in path]
+    if names[-1] in by_name:
+      return by_name[names[-1]]
+    # Norm params: [L, D] in layers (q/k norms: [L, Dh]), [D] at the top.
+    last = "head_dim" if names[-2] in ("q_norm", "k_norm") else "embed"
+    return ("layers", last) if names[0] == "layers" else (last,)
+
+  param_axes = jax.tree_util.tree_map_with_path(axes, params)
+  cache_axes = {"k": ("layers", "batch", "kv_heads", "sequence", "head_dim"),
+                "v": ("layers", "batch", "kv_heads", "head_dim", "sequence")}
+  return param_axes, cache_axes
+
+
 def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
-  return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache, **extra)
+  return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
+               axes_fn=logical_axes, **extra)
 
 
 def init(config: TransformerConfig, seed: int = 0, dtype=jnp.float32) -> Model:

@@ -1,0 +1,116 @@
+"""Text <-> token ids: a thin wrapper over Hugging Face `tokenizers`.
+
+The engine speaks token ids only; this host-side object rides on a
+`jspec.Model` (never inside a jitted program) so that text helpers and the
+CLI can turn prompts into ids and outputs back into text. It reads the one
+file every Hugging Face checkpoint with a fast tokenizer ships,
+`tokenizer.json`, and the stop ids from `generation_config.json` (what
+`transformers` generation obeys) or else `config.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+TOKENIZER_FILE = "tokenizer.json"
+# Written back untouched on save, so an exported directory keeps its special
+# tokens and chat template for `transformers.AutoTokenizer`.
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tokenizer:
+  """A `tokenizers.Tokenizer` plus the checkpoint's stop ids.
+
+  `encode` always returns a batch (a list of id lists), the shape
+  `jspec.generate` takes; `decode` reads one output row, which ends at the
+  first -1 (the padding `generate` leaves after a row's end).
+  """
+
+  backend: Any  # tokenizers.Tokenizer
+  eos_ids: tuple[int, ...] = ()
+  config: dict | None = None  # tokenizer_config.json, kept for export
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+  def encode(self, texts: str | Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids per text; a single string is a batch of one."""
+    if isinstance(texts, str):
+      texts = [texts]
+    if not all(isinstance(t, str) for t in texts):
+      raise TypeError(f"encode takes a string or a list of strings, got {texts!r}")
+    encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+    return [list(e.ids) for e in encodings]
+
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    """Text of one row of ids, up to its first -1."""
+    row = np.asarray(ids).reshape(-1).tolist()
+    if -1 in row:
+      row = row[:row.index(-1)]
+    return self.backend.decode(row, skip_special_tokens=skip_special_tokens)
+
+  def decode_batch(self, rows, skip_special_tokens: bool = True) -> list[str]:
+    return [self.decode(r, skip_special_tokens) for r in rows]
+
+  def save(self, directory) -> None:
+    """Write tokenizer.json (and tokenizer_config.json when known) into `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    self.backend.save(os.path.join(directory, TOKENIZER_FILE))
+    if self.config is not None:
+      with open(os.path.join(directory, TOKENIZER_CONFIG_FILE), "w") as f:
+        json.dump(self.config, f, indent=2)
+
+
+def load_tokenizer(directory, eos_ids: Sequence[int] | None = None) -> Tokenizer | None:
+  """The tokenizer saved in `directory`, or None when it has no tokenizer.json.
+
+  `eos_ids` overrides the stop ids read from the directory's
+  generation_config.json / config.json.
+  """
+  from tokenizers import Tokenizer as Backend
+
+  path = os.path.join(directory, TOKENIZER_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    backend = Backend.from_file(path)
+  except Exception as e:  # the Rust error names neither the file nor the fix
+    raise ValueError(f"cannot read tokenizer {path}: {e}") from e
+  config = _read_json(os.path.join(directory, TOKENIZER_CONFIG_FILE))
+  ids = read_eos_ids(directory) if eos_ids is None else tuple(int(i) for i in eos_ids)
+  return Tokenizer(backend=backend, eos_ids=ids, config=config)
+
+
+def read_eos_ids(directory) -> tuple[int, ...]:
+  """Stop ids of a Hugging Face directory: generation_config.json's
+  eos_token_id (an int or a list), else config.json's; () when neither has one."""
+  for name in ("generation_config.json", "config.json"):
+    value = (_read_json(os.path.join(directory, name)) or {}).get("eos_token_id")
+    if value is None:
+      continue
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+      raise ValueError(f"{os.path.join(directory, name)}: eos_token_id must be a non-negative "
+                       f"int or a list of them, got {value!r}")
+    return tuple(values)
+  return ()
+
+
+def _read_json(path) -> dict | None:
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot parse {path}: {e}") from e
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
+  return value
