@@ -143,8 +143,7 @@ class GatedMLP:
   activation: str = "silu"
 
   def __post_init__(self):
-    if self.activation not in ACTIVATIONS:
-      raise ValueError(f"unknown activation {self.activation!r}; known: {sorted(ACTIVATIONS)}")
+    _check_activation(self.activation)
 
   def weight_names(self):
     return ("w_gate", "w_up")
@@ -165,8 +164,7 @@ class DenseMLP:
   activation: str = "gelu_tanh"
 
   def __post_init__(self):
-    if self.activation not in ACTIVATIONS:
-      raise ValueError(f"unknown activation {self.activation!r}; known: {sorted(ACTIVATIONS)}")
+    _check_activation(self.activation)
 
   def weight_names(self):
     return ("w_up",)
@@ -174,6 +172,11 @@ class DenseMLP:
   def __call__(self, h, w):
     act = ACTIVATIONS[self.activation]
     return _dense(act(_dense(h, w["w_up"], w.get("b_up"))), w["w_down"], w.get("b_down"))
+
+
+def _check_activation(name):
+  if name not in ACTIVATIONS:
+    raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
 
 
 def _dense(x, w, b=None):

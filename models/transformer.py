@@ -239,6 +239,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     kv_pos = positions
   else:
     visible, kv_pos = _visibility(start, block_mask, depth, cache["k"].shape[3])
+  sliding = any(c.windows())  # static: full-attention models skip the window mask
   behind = positions[:, :, None] - kv_pos[:, None, :]  # [B, T, S] distance back
   scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
   norm = functools.partial(c.norm, eps=c.rms_norm_eps)
@@ -263,7 +264,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         layer_v = _write(cache["v"][index], v, start, axis=3)
         cache = {"k": cache["k"].at[index].set(layer_k), "v": cache["v"].at[index].set(layer_v)}
         k, v = layer_k, layer_v
-      seen = visible & ((window == 0) | (behind < window))
+      seen = visible & ((window == 0) | (behind < window)) if sliding else visible
       out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
       out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
       if "bo" in w:
