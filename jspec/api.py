@@ -97,15 +97,13 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   tokens, lengths = _prompts_to_array(prompts, prompt_lengths, target.vocab_size)
   B = tokens.shape[0]
   max_new = _per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
-  params = SamplingParams(
-      temperature=jnp.asarray(_per_row_float(temperature, B, "temperature"), jnp.float32),
-      top_k=jnp.asarray(_per_row_int(top_k, B, "top_k", minimum=0), jnp.int32),
-      top_p=jnp.asarray(_per_row_float(top_p, B, "top_p"), jnp.float32),
-  )
-  if np.any(np.asarray(params.temperature) < 0):
+  # Host-side NumPy until placement: checked here, moved to the device once below.
+  temps = _per_row_float(temperature, B, "temperature")
+  top_ks = _per_row_int(top_k, B, "top_k", minimum=0)
+  top_ps = _per_row_float(top_p, B, "top_p")
+  if np.any(temps < 0):
     raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
-  top_p_np = np.asarray(params.top_p)
-  if np.any(~((top_p_np > 0) & (top_p_np <= 1))):
+  if np.any(~((top_ps > 0) & (top_ps <= 1))):
     raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
   eos = _eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = _seeds(seed, B)
@@ -127,8 +125,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   tokens = tokens[:, :S]
   config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
-  rows = [tokens, lengths, max_new, np.asarray(params.temperature), np.asarray(params.top_k),
-          np.asarray(params.top_p), seeds]
+  rows = [tokens, lengths, max_new, temps, top_ks, top_ps, seeds]
   if layout is None:
     rows = [jnp.asarray(x) for x in rows]
     eos_ids = jnp.asarray(eos)

@@ -55,11 +55,15 @@ def test_dtype_on_load(saved):
   assert model.logits(jnp.asarray([[1, 2]], jnp.int32)).dtype == jnp.float32
 
 
+def _edit_config(path, **changes):
+  cfg = json.loads((path / "config.json").read_text())
+  cfg.update(changes)
+  (path / "config.json").write_text(json.dumps(cfg))
+
+
 def test_unknown_model_type(saved, tmp_path):
   path = _copy(saved, tmp_path)
-  cfg = json.loads((path / "config.json").read_text())
-  cfg["model_type"] = "mamba"
-  (path / "config.json").write_text(json.dumps(cfg))
+  _edit_config(path, model_type="mamba")
   with pytest.raises(hf.CheckpointError, match="unsupported model_type 'mamba'; supported: llama"):
     hf.load_hf(str(path))
 
@@ -100,13 +104,10 @@ def test_wrong_tensor_shape(saved, tmp_path):
 
 def test_config_that_does_not_match_weights(saved, tmp_path):
   path = _copy(saved, tmp_path)
-  cfg = json.loads((path / "config.json").read_text())
-  cfg["num_hidden_layers"] = 1  # weights hold two layers
-  (path / "config.json").write_text(json.dumps(cfg))
+  _edit_config(path, num_hidden_layers=1)  # weights hold two layers
   with pytest.raises(hf.CheckpointError, match="model.layers.1"):
     hf.load_hf(str(path))
-  cfg["num_hidden_layers"] = 3  # weights hold only two
-  (path / "config.json").write_text(json.dumps(cfg))
+  _edit_config(path, num_hidden_layers=3)  # weights hold only two
   with pytest.raises(hf.CheckpointError, match="tensor model.layers.2.* is missing"):
     hf.load_hf(str(path))
 
