@@ -1,9 +1,11 @@
 """N-gram drafting against plain decoding: tau, measured speedup, matcher cost.
 
-    python benchmarks/ngram_bench.py --target PATH [--batches 1,4,16] [--k 4]
-    python benchmarks/ngram_bench.py              # random-init target: a smoke run only
+    python benchmarks/ngram_bench.py [--batches 1,4,16] [--k 4]    # shipped code-target
+    python benchmarks/ngram_bench.py --target PATH                  # any checkpoint
+    python benchmarks/ngram_bench.py --random                       # random init: smoke only
 
-Two prompt sets, built per row from Python files of the standard library:
+Two prompt sets, built per row from held-out Python files of the standard library
+(the shipped target never trained on them; see models/corpus.py):
 
   restating   a file's tokens, a separator, then the same tokens again cut in
               half: a model that copies continues the second copy, which the
@@ -30,7 +32,6 @@ import argparse
 import os
 import statistics
 import sys
-import sysconfig
 import time
 
 import jax
@@ -48,6 +49,10 @@ CACHE_BUCKET = 128  # as jspec.api: the program's cache length for the matcher t
 def load_target(args) -> jspec.Model:
   if args.target:
     return jspec.load(args.target, dtype=args.dtype)
+  if not args.random:
+    from jspec.models import shipped
+    args.target = os.path.join(shipped.checkpoints_dir(), shipped.TARGET)
+    return jspec.load(args.target, dtype=args.dtype or "float32")
   print("WARNING: no --target given: using a RANDOM-INIT model. Acceptance, tau and speedup "
         "below are MEANINGLESS for real text (a random model does not copy its prompt; what "
         "it accepts comes from chance and greedy loops); this run only checks that the "
@@ -61,12 +66,14 @@ def load_target(args) -> jspec.Model:
 
 
 def source_files(count: int) -> list[str]:
-  """`count` standard-library Python files of at least 8 KB, in a fixed order."""
-  root = sysconfig.get_paths()["stdlib"]
-  names = sorted(n for n in os.listdir(root) if n.endswith(".py")
-                 and os.path.getsize(os.path.join(root, n)) >= 8192)
+  """`count` held-out standard-library Python files of at least 8 KB, in a fixed order."""
+  from jspec.models import corpus
+
+  root = corpus.stdlib_root()
+  names = [n for n in corpus.list_files(root) if corpus.is_heldout(n)
+           and os.path.getsize(os.path.join(root, n)) >= 8192]
   if not names:
-    raise SystemExit(f"no Python files found in {root}")
+    raise SystemExit(f"no held-out Python files found in {root}")
   return [os.path.join(root, names[i % len(names)]) for i in range(count)]
 
 
@@ -142,7 +149,9 @@ def matcher_time(drafter, batch: int, cache_length: int, k: int, vocab: int, rep
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--target", default=None, help="checkpoint for jspec.load (default: random)")
+  parser.add_argument("--target", default=None,
+                      help="checkpoint for jspec.load (default: the shipped code-target)")
+  parser.add_argument("--random", action="store_true", help="random-init target (smoke run)")
   parser.add_argument("--dtype", default=None, help="cast params on load, e.g. bfloat16")
   parser.add_argument("--batches", default="1,4,16")
   parser.add_argument("--k", type=int, default=4, help="num_draft_tokens")

@@ -1,16 +1,20 @@
-"""Command line: `jspec demo` (the main job) and checkpoint conversion.
+"""Command line: the main job (`jspec demo`), text generation, checkpoint conversion.
 
-    jspec demo [--k 4] [--max-new-tokens 64] [--repeats 5]
+    jspec demo [--k 4] [--max-new-tokens 64] [--repeats 3]
+    jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
+                   [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR] [--draft DIR]
+    jspec measure [--target DIR] [--drafter DIR|ngram] --prompts FILE [--k 1,2,4,8]
+                  [--json OUT.json] [--plot OUT.png]
     jspec convert HF_DIR OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
 
-Until trained checkpoints ship, the demo runs a random-init target with two
-drafters at batch 1: the target itself (acceptance 1, which shows the loop's
-overhead against the ideal K+1 tokens per target call) and an independent,
-smaller random model (low acceptance, the worst case). It checks that greedy
-speculative output equals greedy baseline output and prints tau (tokens per
-target call), the acceptance rate and tokens/s. Timings are medians of
-interleaved runs after compilation, in this one process.
+`jspec demo` loads the shipped code models (checkpoints/: a target trained on the
+CPython standard library and a draft distilled from it), completes held-out code
+prompts at batch 1 with baseline and speculative greedy decoding, prints each
+completion, checks that both outputs are identical, and prints tau (tokens per
+target call), the acceptance rate, tokens/s of each and the speedup, measured side
+by side in this process after compilation, beside the ideal speedup that tau and
+the measured per-call times allow.
 """
 
 from __future__ import annotations
@@ -35,74 +39,144 @@ def demo(args) -> int:
 
   import jspec
   from jspec import costs
-  from jspec.models import TransformerConfig, init
+  from jspec.models import shipped
 
-  target_cfg = TransformerConfig(vocab_size=8192, hidden_size=256, intermediate_size=768,
-                                 num_hidden_layers=4, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=1024,
-                                 initializer_range=0.05)
-  draft_cfg = TransformerConfig(vocab_size=8192, hidden_size=128, intermediate_size=384,
-                                num_hidden_layers=1, num_attention_heads=2,
-                                num_key_value_heads=1, max_position_embeddings=1024,
-                                initializer_range=0.05)
-  target = init(target_cfg, seed=0)
-  small = init(draft_cfg, seed=1)
-  rng = np.random.default_rng(0)
-  prompts = [rng.integers(0, 8192, size=args.prompt_len).tolist() for _ in range(args.batch)]
-  print(f"jax {jax.__version__} on {jax.devices()[0].platform}; target {target.num_params():,} "
-        f"params, small draft {small.num_params():,} params; batch {args.batch}, "
-        f"K = {args.k}, {args.max_new_tokens} new tokens, greedy")
+  t_start = time.perf_counter()
+  path = shipped.checkpoints_dir(args.checkpoints)
+  target = shipped.load(shipped.TARGET, path=path)
+  draft = shipped.load(shipped.DRAFT, path=path)
+  texts = shipped.demo_prompts(path)[:args.prompts]
+  tok = target.tokenizer
+  prompts = [tok.encode(t)[0] for t in texts]
+  K, N = args.k, args.max_new_tokens
+  print(f"jspec demo on {jax.devices()[0].platform}: shipped code models from {path}")
+  print(f"  target {target.num_params():,} params, draft {draft.num_params():,} params "
+        f"(bf16 on disk, f32 compute); batch 1, greedy, K = {K}, {N} new tokens, "
+        f"{len(prompts)} held-out prompts")
 
-  kw = dict(max_new_tokens=args.max_new_tokens)
+  kw = dict(max_new_tokens=N)
   runs = {
-      "baseline": lambda: jspec.generate(target, prompts, **kw),
-      "speculative, draft = target": lambda: jspec.speculative_generate(
-          target, target, prompts, num_draft_tokens=args.k, **kw),
-      "speculative, small random draft": lambda: jspec.speculative_generate(
-          target, small, prompts, num_draft_tokens=args.k, **kw),
+      "baseline": lambda p: jspec.generate(target, [p], **kw),
+      "speculative": lambda p: jspec.speculative_generate(target, draft, [p],
+                                                          num_draft_tokens=K, **kw),
   }
-  outputs, times = {}, {name: [] for name in runs}
-  t0 = time.perf_counter()
-  for name, fn in runs.items():  # compile
-    outputs[name], _ = _timed(fn)
-  print(f"compiled in {time.perf_counter() - t0:.1f} s")
-  for _ in range(args.repeats):  # interleaved, so drift hits every variant alike
+  outputs = {name: [] for name in runs}
+  for p in prompts:  # first pass compiles (one program per prompt bucket)
     for name, fn in runs.items():
-      times[name].append(_timed(fn)[1])
+      outputs[name].append(_timed(lambda: fn(p))[0])
+  print(f"  loaded and compiled in {time.perf_counter() - t_start:.1f} s")
 
-  # Per-call costs, for the ideal speedup each run could reach at its tau.
-  S = args.prompt_len + args.max_new_tokens + args.k + 64
-  t_step = costs.call_time(target, args.batch, 1, S)
-  t_verify = costs.call_time(target, args.batch, args.k + 1, S)
-  t_small = costs.call_time(small, args.batch, 1, S)
-  print(f"per call: target step {t_step * 1e3:.2f} ms, target verify of {args.k + 1} tokens "
-        f"{t_verify * 1e3:.2f} ms, small draft step {t_small * 1e3:.2f} ms")
-  draft_cost = {"baseline": None, "speculative, draft = target": t_step,
-                "speculative, small random draft": t_small}
+  totals = {name: [] for name in runs}
+  for _ in range(args.repeats):  # interleaved, so drift hits both alike
+    spent = {name: 0.0 for name in runs}
+    for p in prompts:
+      for name, fn in runs.items():
+        spent[name] += _timed(lambda: fn(p))[1]
+    for name in runs:
+      totals[name].append(spent[name])
 
-  ref = np.asarray(outputs["baseline"].tokens)
-  ok = True
-  base_median = statistics.median(times["baseline"])
-  print(f"{'run':34s} {'equal':>6s} {'tau':>6s} {'accept':>7s} {'tok/s':>8s} {'speedup':>8s} "
-        f"{'ideal':>6s}")
-  for name, out in outputs.items():
-    same = np.array_equal(np.asarray(out.tokens), ref)
-    ok &= same
-    emitted = int(np.sum(out.lengths))
-    calls = int(np.sum(out.stats.target_calls))
-    proposed = args.k * calls if name != "baseline" else 0
-    accept = int(np.sum(out.stats.accepted)) / proposed if proposed else float("nan")
-    median = statistics.median(times[name])
-    tau = emitted / calls
-    ideal = (1.0 if draft_cost[name] is None else
-             costs.ideal_speedup(tau, args.k, t_step, t_verify, draft_cost[name]))
-    print(f"{name:34s} {str(same):>6s} {tau:6.2f} {accept:7.2f} "
-          f"{emitted / median:8.1f} {base_median / median:8.2f} {ideal:6.2f}")
-  print(f"medians of {args.repeats} interleaved runs; ideal = tau * T_step / (T_verify + K * "
-        f"T_draft) from the per-call medians above; tau at acceptance 1 is {args.k + 1}")
-  if not ok:
+  all_equal = True
+  for i, text in enumerate(texts):
+    base, spec = outputs["baseline"][i], outputs["speculative"][i]
+    equal = np.array_equal(np.asarray(base.tokens), np.asarray(spec.tokens))
+    all_equal &= equal
+    tail = "".join(text.splitlines(keepends=True)[-3:])
+    completion = tok.decode(np.asarray(base.tokens)[0][:int(base.lengths[0])])
+    print(f"\n--- prompt {i + 1} (last lines) " + "-" * 40)
+    print(tail.rstrip("\n"))
+    print(f"--- completion ({int(base.lengths[0])} tokens; speculative identical: {equal}) "
+          + "-" * 12)
+    print(completion.rstrip("\n"))
+
+  spec_outs = outputs["speculative"]
+  emitted = sum(int(o.lengths[0]) for o in spec_outs)
+  calls = sum(int(o.stats.target_calls[0]) for o in spec_outs)
+  hist = sum(np.asarray(o.stats.accept_hist) for o in spec_outs)
+  rates = costs.acceptance_rates(hist, emitted, calls)
+  S = max(len(p) for p in prompts) + N + K + 64
+  t_step = costs.call_time(target, 1, 1, S)
+  t_verify = costs.call_time(target, 1, K + 1, S)
+  t_draft = costs.call_time(draft, 1, 1, S)
+  ideal = costs.ideal_speedup(rates["tau"], K, t_step, t_verify, t_draft)
+  base_tokens = sum(int(o.lengths[0]) for o in outputs["baseline"])
+  base_t, spec_t = statistics.median(totals["baseline"]), statistics.median(totals["speculative"])
+  print("\n" + "=" * 72)
+  print(f"per call: target step {t_step * 1e3:.2f} ms, target verify of {K + 1} tokens "
+        f"{t_verify * 1e3:.2f} ms, draft step {t_draft * 1e3:.2f} ms")
+  print(f"tau (tokens per target call) {rates['tau']:.2f}; acceptance rate "
+        f"{rates['alpha']:.2f} per draft token judged ({rates['draft_accept']:.2f} of all "
+        f"drafts proposed)")
+  print(f"{'run':12s} {'tokens':>7s} {'seconds':>8s} {'tok/s':>8s} {'speedup':>8s} {'ideal':>6s}")
+  print(f"{'baseline':12s} {base_tokens:7d} {base_t:8.3f} {base_tokens / base_t:8.1f} "
+        f"{1.0:8.2f} {1.0:6.2f}")
+  print(f"{'speculative':12s} {emitted:7d} {spec_t:8.3f} {emitted / spec_t:8.1f} "
+        f"{base_t / spec_t:8.2f} {ideal:6.2f}")
+  print(f"medians of {args.repeats} interleaved repeats over all prompts; ideal = tau * T_step "
+        f"/ (T_verify + K * T_draft). Outputs identical: {all_equal}. "
+        f"Total {time.perf_counter() - t_start:.0f} s.")
+  if not all_equal:
     print("ERROR: speculative output differs from baseline", file=sys.stderr)
     return 1
+  return 0
+
+
+def generate(args) -> int:
+  import jspec
+  from jspec.models import shipped
+
+  if args.target is not None:
+    target = jspec.load(args.target, dtype="float32")
+  else:
+    target = shipped.load(shipped.TARGET, path=args.checkpoints)
+  draft = None
+  if args.speculative or args.draft is not None:
+    draft = (jspec.load(args.draft, dtype="float32") if args.draft is not None
+             else shipped.load(shipped.DRAFT, path=args.checkpoints))
+  texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
+                              max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed)
+  sys.stdout.write(args.prompt + texts[0] + "\n")
+  return 0
+
+
+def _target_and_draft(args):
+  """--target / --drafter: checkpoint dirs, "ngram[:N]", or the shipped models by default."""
+  import jspec
+  from jspec.models import shipped
+
+  target = (jspec.load(args.target, dtype="float32") if args.target
+            else shipped.load(shipped.TARGET, path=args.checkpoints))
+  spec = args.drafter
+  if spec is None:
+    return target, shipped.load(shipped.DRAFT, path=args.checkpoints)
+  if spec.startswith("ngram"):
+    max_ngram = int(spec.split(":", 1)[1]) if ":" in spec else 3
+    return target, jspec.NGram(target.vocab_size, max_ngram=max_ngram)
+  return target, jspec.load(spec, dtype="float32")
+
+
+def measure(args) -> int:
+  from jspec import measure as M
+
+  target, drafter = _target_and_draft(args)
+  if target.tokenizer is None:
+    raise SystemExit(f"{args.target}: the target has no tokenizer to encode text prompts")
+  texts = M.read_prompts(args.prompts)
+  prompts = [target.tokenizer.encode(t)[0] for t in texts]
+  ks = [int(k) for k in args.k.split(",")]
+  report = M.measure(target, drafter, prompts, ks=ks, max_new_tokens=args.max_new_tokens,
+                     batch_size=args.batch_size, temperature=args.temperature,
+                     repeats=args.repeats)
+  print(M.format_table(report))
+  if args.json:
+    import json
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+  if args.plot:
+    M.plot(report, args.plot)
+    print(f"wrote {args.plot}")
   return 0
 
 
@@ -136,13 +210,42 @@ def _describe(verb, path, model) -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("demo", help="baseline vs speculative decoding, checked equal, timed")
+  p = sub.add_parser("demo", help="shipped models: baseline vs speculative, checked equal, timed")
   p.add_argument("--k", type=int, default=4, help="draft tokens per round")
   p.add_argument("--max-new-tokens", type=int, default=64)
-  p.add_argument("--prompt-len", type=int, default=16)
-  p.add_argument("--batch", type=int, default=1)
-  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--prompts", type=int, default=6, help="how many held-out prompts")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=demo)
+  p = sub.add_parser("generate", help="complete a text prompt (shipped code model by default)")
+  p.add_argument("--prompt", required=True)
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+  p.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--speculative", action="store_true", help="draft with the shipped draft")
+  p.add_argument("--k", type=int, default=4, help="draft tokens per round")
+  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
+  p.add_argument("--draft", default=None, help="draft checkpoint directory (implies "
+                 "--speculative)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=generate)
+  p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
+  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
+  p.add_argument("--drafter", default=None,
+                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+  p.add_argument("--prompts", required=True,
+                 help="JSONL (one prompt per line) or text with prompts separated by '---' lines")
+  p.add_argument("--k", default="1,2,4,8", help="comma-separated K sweep")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--batch-size", type=int, default=1)
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--json", default=None, help="write the report as JSON here")
+  p.add_argument("--plot", default=None, help="write a PNG of tau and speedup against K")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=measure)
   p = sub.add_parser("convert", help="Hugging Face directory or Hub id -> native checkpoint")
   p.add_argument("src", metavar="HF_DIR",
                  help="directory with config.json + safetensors, or a Hub id org/name")

@@ -80,11 +80,16 @@ class Model:
                               self.dtype if dtype is None else dtype)
 
   def logits(self, tokens) -> jax.Array:
-    """f32 logits [B, T, V] of a plain causal forward pass with no cache."""
+    """f32 logits [B, T, V] of a plain causal forward pass with no cache.
+
+    Callable inside jitted code too (a teacher inside a training step); ids are
+    range-checked only when they are concrete.
+    """
     tokens = jnp.asarray(tokens, jnp.int32)
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
-    _check_token_range(tokens, self.vocab_size)
+    if not isinstance(tokens, jax.core.Tracer):
+      _check_token_range(tokens, self.vocab_size)
     return _full_logits(self, tokens)
 
   def num_params(self) -> int:

@@ -1,0 +1,62 @@
+"""The trained code models that ship in the repository's `checkpoints/` folder.
+
+    code-target       5.3M-parameter decoder trained on the CPython standard library
+    code-draft        1.5M-parameter draft, distilled from code-target (DistillSpec)
+    code-draft-text   the same draft trained on text only (the undistilled baseline)
+    heldout.npz       held-out evaluation windows and prompts (token ids)
+    demo_prompts.json held-out code prompts as text
+
+Weights are stored in bf16 and loaded in f32 by default (f32 is about 3x faster
+than bf16 on CPU). Each model directory has a `manifest.json`: parameters,
+tokens seen, held-out loss, the command that made it and acceptance figures.
+`models/recipe.py` rebuilds all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+TARGET, DRAFT, DRAFT_TEXT = "code-target", "code-draft", "code-draft-text"
+ENV_VAR = "JSPEC_CHECKPOINTS"
+
+
+def checkpoints_dir(path: str | None = None) -> str:
+  """The shipped checkpoints folder: `path`, else $JSPEC_CHECKPOINTS, else the
+  repository's `checkpoints/` next to the installed (editable) package."""
+  if path is None:
+    path = os.environ.get(ENV_VAR)
+  if path is None:
+    here = os.path.dirname(os.path.abspath(__file__))  # <repo>/models
+    path = os.path.join(os.path.dirname(here), "checkpoints")
+  if not os.path.isfile(os.path.join(path, TARGET, "manifest.json")):
+    raise FileNotFoundError(
+        f"no shipped checkpoints in {path} (expected {TARGET}/manifest.json). Install jspec "
+        f"from a clone of the repository (pip install -e .), point ${ENV_VAR} at its "
+        f"checkpoints/ folder, or rebuild them with `python -m jspec.models.recipe`.")
+  return path
+
+
+def load(name: str = TARGET, dtype="float32", path: str | None = None):
+  """A shipped model as a `jspec.Model` (with tokenizer and EOS id)."""
+  from jspec import checkpoint
+
+  return checkpoint.load(os.path.join(checkpoints_dir(path), name), dtype=dtype)
+
+
+def manifest(name: str = TARGET, path: str | None = None) -> dict:
+  with open(os.path.join(checkpoints_dir(path), name, "manifest.json")) as f:
+    return json.load(f)
+
+
+def demo_prompts(path: str | None = None) -> list[str]:
+  with open(os.path.join(checkpoints_dir(path), "demo_prompts.json")) as f:
+    return json.load(f)
+
+
+def heldout(path: str | None = None) -> dict[str, np.ndarray]:
+  """windows [N, T+1] (held-out loss) and accept_prompts [N, P] (acceptance), int32."""
+  with np.load(os.path.join(checkpoints_dir(path), "heldout.npz")) as data:
+    return {k: data[k].astype(np.int32) for k in data.files}

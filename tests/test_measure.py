@@ -1,0 +1,71 @@
+"""`jspec.measure`: per-position acceptance, prompt files, the report on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+
+import jspec
+from conftest import ragged_prompts
+from jspec import costs, measure
+
+
+def test_position_acceptance_from_histogram():
+  # K = 3: 10 rounds stopped at n=0, 5 at n=1, 3 at n=2, 2 accepted all.
+  hist = [10, 5, 3, 2]
+  rates = measure.position_acceptance(hist)
+  np.testing.assert_allclose(rates, [10 / 20, 5 / 10, 2 / 5])
+  overall = costs.acceptance_rates(hist, emitted=0, target_calls=1)
+  # judged = 10*1 + 5*2 + 3*3 + 2*3 = 35, accepted = 5 + 6 + 6 = 17
+  assert overall["alpha"] == pytest.approx(17 / 35)
+  assert overall["draft_accept"] == pytest.approx(17 / (3 * 20))
+  assert np.isnan(measure.position_acceptance([4, 0, 0])[1])
+
+
+def test_read_prompts(tmp_path):
+  text = tmp_path / "p.txt"
+  text.write_text("def f():\n    return 1\n---\nclass A:\n    pass\n---\n\n")
+  assert measure.read_prompts(str(text)) == ["def f():\n    return 1\n", "class A:\n    pass\n"]
+  jl = tmp_path / "p.jsonl"
+  jl.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps("b") + "\n\n"
+                + json.dumps({"text": "c"}) + "\n")
+  assert measure.read_prompts(str(jl)) == ["a", "b", "c"]
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": 3}\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1"):
+    measure.read_prompts(str(bad))
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n---\n")
+  with pytest.raises(ValueError, match="no prompts"):
+    measure.read_prompts(str(empty))
+
+
+def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
+  prompts = ragged_prompts(2, target.vocab_size, seed=0, min_len=3, max_len=9)
+  report = measure.measure(target, target, prompts, ks=(1, 3), max_new_tokens=12, repeats=1)
+  assert [r["k"] for r in report["rows"]] == [1, 3]
+  for row in report["rows"]:
+    # The target drafting for itself is accepted everywhere (greedy).
+    assert row["alpha"] == pytest.approx(1.0)
+    assert row["position_acceptance"] == [1.0] * row["k"]
+    assert row["equal_to_baseline"] is True
+    assert row["t_verify_ms"] > 0 and row["t_draft_round_ms"] > 0
+  assert "acceptance by position" in measure.format_table(report)
+  pytest.importorskip("matplotlib")
+  measure.plot(report, str(tmp_path / "m.png"))
+  assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+def test_report_with_a_lookup_drafter(target):
+  prompts = [[1, 2, 3, 4, 1, 2, 3]]
+  report = measure.measure(target, jspec.NGram(target.vocab_size), prompts, ks=(2,),
+                           max_new_tokens=8, repeats=1)
+  row = report["rows"][0]
+  assert 0.0 <= row["alpha"] <= 1.0 and row["equal_to_baseline"] is True
+
+
+def test_measure_rejects_bad_settings(target):
+  with pytest.raises(ValueError, match="ks"):
+    measure.measure(target, target, [[1, 2]], ks=(0,))
+  with pytest.raises(ValueError, match="empty"):
+    measure.measure(target, target, [], ks=(1,))
