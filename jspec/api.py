@@ -4,7 +4,9 @@ Both validate their inputs on the host (clear errors before any tracing), pad
 prompts and the cache to buckets, and run one jitted program: prefill, then a
 `lax.while_loop` of decode rounds. Buckets keep the compiled program stable: a
 new prompt, prompt length or `max_new_tokens` that fits the same buckets reuses
-it (sampling settings, seeds, EOS ids and lengths are all traced).
+it (sampling settings, seeds, EOS ids and lengths are all traced). One thing is
+static: a batch whose every row is greedy runs the argmax-only program
+(`params=None` in `jspec.decode`); any other batch runs the per-row one.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   tokens = tokens[:, :S]
   config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
-  rows = [tokens, lengths, max_new, temps, top_ks, top_ps, seeds]
+  # All rows greedy (known here, on the host): the static argmax-only program.
+  greedy = bool(np.all(temps == 0))
+  rows = [tokens, lengths, max_new, seeds] + ([] if greedy else [temps, top_ks, top_ps])
   if layout is None:
     rows = [jnp.asarray(x) for x in rows]
     eos_ids = jnp.asarray(eos)
@@ -135,8 +139,11 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
       drafter = DraftModel(_placed(drafter.model, layout, replicate=True))
     rows = [sharding.put(x, layout.batch(x.shape)) for x in rows]
     eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
-  tokens_, lengths_, max_new_, temp_, top_k_, top_p_, seeds_ = rows
-  params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
+  tokens_, lengths_, max_new_, seeds_ = rows[:4]
+  params = None
+  if not greedy:
+    temp_, top_k_, top_p_ = rows[4:]
+    params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
   out, new_lengths, stats = _program(target, drafter, tokens_, lengths_, max_new_, params, eos_ids,
                                      seeds_, config)
   width = int(max_new.max())

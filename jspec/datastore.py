@@ -98,7 +98,7 @@ class Datastore:
   def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
     del params, keys  # deterministic: the same drafts at every temperature
     drafts, _ = self.lookup(context, num_drafts)
-    return drafts, ngram.one_hot_q(drafts, self.vocab_size), state
+    return drafts, None, state  # q None: one-hot at the drafts
 
   def lookup(self, context: DraftContext, num_drafts: int):
     """drafts [B, K] int32 and count [B] int32 of proposed (non-placeholder) drafts."""

@@ -9,6 +9,13 @@ Baseline decoding is the same loop with K = 0 and no drafter. One round:
     commit:             t(L) .. t(L+n) = d1 .. dn, next     L' = L + n + 1
                         cache valid for slots < L'-1: the invariant holds again
 
+Sampling params `None` mean every row is greedy, known when the program is built:
+the round then takes the target's argmax of the verify logits and accepts while the
+drafts equal it (the exact rule at temperature 0), with no probabilities and no
+random numbers; K = 0 is a plain argmax step. jit specialises on the pytree
+structure, so this is a separate compiled program with no runtime branch. Mixed or
+sampled batches pass `SamplingParams` (greedy rows are then per-row one-hots).
+
 EOS and max_new_tokens cut the committed run short (the EOS itself is kept). Rows
 that are done keep computing under static shapes with their state frozen; the
 loop ends when every row is done.
@@ -71,19 +78,20 @@ class DecodeState:
   target_cache: Any  # the target's K/V buffers
   drafter_state: Any  # the drafter's own state (None for baseline)
   keys: jax.Array  # [B] typed PRNG keys, one stream per row
-  params: sampling.SamplingParams  # per-row temperature / top-k / top-p
+  params: sampling.SamplingParams | None  # per-row temperature / top-k / top-p; None: all greedy
   eos_ids: jax.Array  # [E] int32; -1 entries never match
   stats: DecodeStats
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
-               params: sampling.SamplingParams, eos_ids, seeds, config: DecodeConfig,
+               params: sampling.SamplingParams | None, eos_ids, seeds, config: DecodeConfig,
                ) -> DecodeState:
   """Prefill target and drafter and build the initial state.
 
   tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
-  max_new_tokens [B] >= 1; seeds [B] int32 (row b's random stream depends on
-  seeds[b] only); eos_ids [E] int32.
+  max_new_tokens [B] >= 1; params: per-row `SamplingParams`, or None for a
+  statically all-greedy program; seeds [B] int32 (row b's random stream depends
+  on seeds[b] only); eos_ids [E] int32.
   """
   B, P = tokens.shape
   S = config.cache_length
@@ -119,18 +127,18 @@ def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfi
   B = state.lengths.shape[0]
   L = state.lengths
   active = ~state.done
+  greedy = state.params is None  # static: all rows greedy
   round_keys = sampling.fold(state.keys, state.stats.target_calls)
+  # Drafters that draw nothing at random (all built-in ones when greedy) leave these
+  # unused, and XLA drops them.
   draft_keys = sampling.fold(round_keys, 1)
-  accept_keys = sampling.fold(round_keys, 2)
-  V = target.vocab_size
 
   drafter_state = state.drafter_state
   if K > 0:
     context = DraftContext(tokens=state.tokens, lengths=L)
     drafts, q, drafter_state = drafter.propose(drafter_state, context, K, state.params, draft_keys)
   else:
-    drafts = jnp.zeros((B, 0), jnp.int32)
-    q = jnp.zeros((B, 0, V), jnp.float32)
+    drafts, q = jnp.zeros((B, 0), jnp.int32), None
 
   # Done rows keep a frozen L; clamp so their (discarded) block stays in bounds.
   start = jnp.minimum(L - 1, S - K - 1)
@@ -139,8 +147,12 @@ def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfi
   with jax.named_scope("target_verify"):
     logits, _, cache = target.apply(block, state.target_cache, start)
   with jax.named_scope("acceptance"):
-    p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
-    n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
+    if greedy:
+      # One-hot p accepts exactly while d_i is the argmax, whatever q is: q is unused.
+      n, next_token = acceptance.accept_greedy(logits, drafts)
+    else:
+      p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
+      n, next_token = acceptance.accept_chain(p, q, drafts, sampling.fold(round_keys, 2))
 
   with jax.named_scope("commit"):
     j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]

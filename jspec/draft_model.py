@@ -12,6 +12,9 @@ t(L-2)) was never fed to the draft; when it was, rewriting the same slot with th
 same token is harmless. A row with L = 1 starts its two-token block at slot 0 and
 reads its prediction at offset 0; the scratch slot it writes is rewritten before
 anything attends to it.
+
+With `params=None` (every row greedy, static) the drafts are the draft model's
+argmax and q is None (one-hot at the drafts): no V-wide probabilities, no sampling.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from jspec.model import Model
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DraftModel:
-  """Drafts with a `jspec.Model` sampled at the rows' own settings."""
+  """Drafts with a `jspec.Model` sampled at the rows' own settings (argmax when
+  `params` is None)."""
 
   model: Model
 
@@ -47,26 +51,34 @@ class DraftModel:
     return cache
 
   def propose(self, cache, context: DraftContext, num_drafts: int,
-              params: sampling.SamplingParams, keys):
+              params: sampling.SamplingParams | None, keys):
+    greedy = params is None  # static
+
+    def draw(logits, i):  # logits [B, V] -> d [B], q [B, V] (None when greedy)
+      if greedy:
+        return sampling.greedy_tokens(logits), None
+      q = sampling.probabilities(logits[:, None], params)[:, 0]
+      return sampling.sample(sampling.fold(keys, i), q), q
+
     L = context.lengths
     start = jnp.maximum(L - 2, 0)
     last_two = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (2,)))(context.tokens, start)
     with jax.named_scope("draft_rollout"):
       logits, _, cache = self.model.apply(last_two, cache, start)  # [B, 2, V]
       offset = (L - 1) - start  # [B] 0 or 1
-      logits = jnp.take_along_axis(logits, offset[:, None, None], axis=1)  # [B, 1, V]
-      q_first = sampling.probabilities(logits, params)[:, 0]  # [B, V]
-      d_first = sampling.sample(sampling.fold(keys, 0), q_first)
+      logits = jnp.take_along_axis(logits, offset[:, None, None], axis=1)[:, 0]  # [B, V]
+      d_first, q_first = draw(logits, 0)
 
       def step(carry, i):
         cache, token = carry
         logits, _, cache = self.model.apply(token[:, None], cache, L - 1 + i)
-        q = sampling.probabilities(logits, params)[:, 0]
-        d = sampling.sample(sampling.fold(keys, i), q)
+        d, q = draw(logits[:, 0], i)
         return (cache, d), (d, q)
 
       (cache, _), (d_rest, q_rest) = lax.scan(
           step, (cache, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
     drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
+    if greedy:
+      return drafts, None, cache
     q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
     return drafts, q, cache

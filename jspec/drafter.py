@@ -8,9 +8,15 @@ A drafter is a pytree (its params are leaves, its settings static) with:
         builds whatever per-row state the drafter keeps (a KV cache, ...).
     propose(state, context, num_drafts, params, keys) -> (drafts, q, state)
         context: `DraftContext` (committed token buffer and lengths);
+        params: per-row `SamplingParams`, or None when every row is greedy
+        (static; `sampling.probabilities(logits, None)` is the one-hot argmax);
+        keys: [B] typed PRNG keys for this round's draws;
         drafts [B, K] int32 and q [B, K, V] f32, the processed distribution
-        each draft was drawn from (one-hot for deterministic drafters), so that
-        exact acceptance holds at every temperature.
+        each draft was drawn from, so that exact acceptance holds at every
+        temperature. q may be None, meaning one-hot at the drafts: what a
+        deterministic drafter (greedy draft model, n-gram lookup) should return,
+        since acceptance then needs no [B, K, V] array. With params None the
+        loop accepts by argmax and ignores q.
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
@@ -43,5 +49,6 @@ class Drafter(Protocol):
     ...
 
   def propose(self, state: Any, context: DraftContext, num_drafts: int,
-              params: SamplingParams, keys: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
+              params: SamplingParams | None,
+              keys: jax.Array) -> tuple[jax.Array, jax.Array | None, Any]:
     ...

@@ -28,7 +28,8 @@ Matching (one row; vectorised over the batch and over every window end at once):
   * not proposed (nothing matches, or j >= a_n): the placeholder t_{L-1}.
 
 Why this stays exact: the drafter is deterministic given the committed tokens,
-so each draft is "drawn" from the one-hot q at itself, and the chain rule with a
+so each draft is "drawn" from the one-hot q at itself (`propose` returns q =
+None, which the acceptance rule reads as exactly that), and the chain rule with a
 one-hot q accepts d with probability p(d) and otherwise samples the residual
 p with d removed: the emitted token follows p whatever d was. The engine verifies
 a static K per round and has no per-row "not proposed" mark, so positions past
@@ -77,7 +78,7 @@ class NGram:
   def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
     del params, keys  # deterministic: the same drafts at every temperature
     drafts, _ = self.lookup(context, num_drafts)
-    return drafts, one_hot_q(drafts, self.vocab_size), state
+    return drafts, None, state  # q None: one-hot at the drafts
 
   def lookup(self, context: DraftContext, num_drafts: int):
     """drafts [B, K] int32 and count [B] int32: how many leading drafts were proposed
@@ -195,8 +196,3 @@ def finish_drafts(continuation: jax.Array, available: jax.Array, n: jax.Array,
   j = jnp.arange(num_drafts, dtype=jnp.int32)[None, :]  # [1, K]
   drafts = jnp.where(j < count[:, None], continuation, placeholder[:, None])
   return drafts.astype(jnp.int32), count.astype(jnp.int32)
-
-
-def one_hot_q(drafts: jax.Array, vocab_size: int) -> jax.Array:
-  """The distribution a deterministic draft was drawn from: [B, K, V] f32."""
-  return jax.nn.one_hot(drafts, vocab_size, dtype=jnp.float32)

@@ -6,6 +6,11 @@ jspec (target p, draft q, the acceptance rule) means the processed one that
 `probabilities` returns; greedy rows (temperature 0) get a one-hot at the argmax,
 which turns the exact acceptance rule into "accept while the draft is the
 argmax" with no special case and no division by zero.
+
+`None` in place of a `SamplingParams` means "every row is greedy", known when the
+program is traced: the decoding layer then takes a static fast path (argmax only,
+no probabilities, no random numbers), and jit compiles it as its own program
+because the pytree structure differs.
 """
 
 from __future__ import annotations
@@ -31,23 +36,32 @@ class SamplingParams:
     return self.temperature <= 0.0
 
 
-def probabilities(logits: jax.Array, params: SamplingParams) -> jax.Array:
+def probabilities(logits: jax.Array, params: SamplingParams | None) -> jax.Array:
   """Processed next-token distributions.
 
   logits [B, N, V] (any float dtype) -> probs [B, N, V] f32, each row summing to 1.
+  `params=None` (statically all-greedy) gives the one-hot at the argmax.
   Order: temperature, then top-k (ties at the k-th value are kept), then top-p on
   what top-k left (the smallest prefix by descending probability whose mass
   reaches top_p; the most likely token is always kept).
   """
   logits = logits.astype(jnp.float32)
+  if params is None:
+    return _one_hot_argmax(logits, params)
   # All-greedy batches (the common case for exactness checks and many evals) skip the
   # softmax and filters entirely.
   return lax.cond(jnp.all(params.greedy), _one_hot_argmax, _processed, logits, params)
 
 
-def _one_hot_argmax(logits: jax.Array, params: SamplingParams) -> jax.Array:
+def greedy_tokens(logits: jax.Array) -> jax.Array:
+  """The argmax token: logits [..., V] -> int32 [...]. Ties go to the lowest id, as
+  in the one-hot distributions above, so both paths pick the same token."""
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _one_hot_argmax(logits: jax.Array, params: SamplingParams | None) -> jax.Array:
   del params
-  return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  return jax.nn.one_hot(greedy_tokens(logits), logits.shape[-1], dtype=jnp.float32)
 
 
 def _processed(logits: jax.Array, params: SamplingParams) -> jax.Array:

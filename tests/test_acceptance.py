@@ -93,3 +93,84 @@ def test_zero_drafts_is_plain_sampling():
   n, nxt = acceptance.accept_chain(pb, jnp.zeros((B, 0, V)), jnp.zeros((B, 0), jnp.int32), keys)
   assert np.all(np.asarray(n) == 0)
   assert_counts_match(np.bincount(np.asarray(nxt), minlength=V), p.astype(np.float64), "K=0")
+
+
+def _random_chain(seed, B, K, V):
+  """Peaked random p (some rows exactly one-hot, some entries zero) and drafts that
+  often hit p's likely tokens, so that every accepted count n occurs."""
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(B, K + 1, V)) * 3.0
+  p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+  p[rng.random((B, K + 1, V)) < 0.2] = 0.0
+  p[:, :, 0] += 1e-3  # no all-zero rows
+  one_hot_rows = rng.random((B, K + 1)) < 0.2
+  p[one_hot_rows] = np.eye(V)[np.argmax(p[one_hot_rows], axis=-1)]
+  p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float32)
+  likely = np.argmax(p[:, :K], axis=-1)
+  drafts = np.where(rng.random((B, K)) < 0.75, likely, rng.integers(0, V, size=(B, K)))
+  keys = sampling.row_keys(jnp.asarray(rng.integers(0, 2**31 - 1, size=B), jnp.int32))
+  return jnp.asarray(p), jnp.asarray(drafts, jnp.int32), keys
+
+
+@pytest.mark.parametrize("B,K,V", [(1, 1, 7), (5, 0, 7), (16, 3, 64), (64, 4, 300), (9, 8, 33)])
+def test_implicit_one_hot_q_equals_materialised(B, K, V):
+  """q = None (one-hot at the drafts, never built) draws the very same tokens as a
+  materialised one-hot q for the same keys: same uniforms, same residual."""
+  p, drafts, keys = _random_chain(B * 100 + K, B, K, V)
+  q = jax.nn.one_hot(drafts, V, dtype=jnp.float32)
+  n_ref, next_ref = jax.jit(acceptance.accept_chain)(p, q, drafts, keys)
+  n, nxt = jax.jit(acceptance.accept_chain)(p, None, drafts, keys)
+  np.testing.assert_array_equal(n, n_ref)
+  np.testing.assert_array_equal(nxt, next_ref)
+  if K > 0 and B >= 16:  # the comparison covered rejections and full acceptance alike
+    counts = np.bincount(np.asarray(n), minlength=K + 1)
+    assert counts[0] > 0 and counts[K] > 0 and counts[1:K].sum() > 0, counts
+  # The stop token is never the rejected draft (its residual entry is zeroed).
+  n, nxt, d = np.asarray(n), np.asarray(nxt), np.asarray(drafts)
+  stopped = n < K
+  assert not np.any(nxt[stopped] == d[stopped, n[stopped]])
+
+
+def test_implicit_one_hot_q_distribution():
+  """q = None against exact values: accepted count [1-a0, a0(1-a1), ...] with
+  a_i = p_i(d_i), stop token from p_n with d_n removed, bonus from p_K."""
+  rng = np.random.default_rng(5)
+  p = rng.dirichlet(np.ones(V), size=K + 1).astype(np.float32)
+  p[:, 5] = 0.0
+  p /= p.sum(axis=1, keepdims=True)
+  drafts = np.array([1, 5, 2], np.int32)  # d_2 = 5 has p = 0: always rejected there
+  pb = jnp.broadcast_to(jnp.asarray(p)[None], (N,) + p.shape)
+  db = jnp.broadcast_to(jnp.asarray(drafts)[None], (N, K))
+  keys = sampling.row_keys(jnp.arange(N, dtype=jnp.int32) + 7)
+  n, nxt = jax.jit(acceptance.accept_chain)(pb, None, db, keys)
+  n, nxt = np.asarray(n), np.asarray(nxt)
+  a = p[np.arange(K), drafts].astype(np.float64)
+  expected_n = np.array([np.prod(a[:i]) * (1 - a[i]) for i in range(K)] + [np.prod(a)])
+  assert_counts_match(np.bincount(n, minlength=K + 1), expected_n, "accepted count, q=None")
+  for i in range(2):
+    resid = p[i].astype(np.float64).copy()
+    resid[drafts[i]] = 0.0
+    assert_counts_match(np.bincount(nxt[n == i], minlength=V), resid / resid.sum(),
+                        f"stop token at n={i}, q=None")
+  assert not np.any(nxt == 5)
+
+
+@pytest.mark.parametrize("q_kind", ["none", "one_hot", "dense"])
+def test_accept_greedy_equals_one_hot_p(q_kind):
+  """The static greedy rule (argmax only) is `accept_chain` with one-hot p, whatever q."""
+  rng = np.random.default_rng(6)
+  B, K, V = 256, 4, 12
+  logits = rng.normal(size=(B, K + 1, V)).astype(np.float32)
+  logits[:8] = np.round(logits[:8])  # exact ties: both paths take the lowest id
+  argmax = np.argmax(logits, axis=-1)
+  drafts = np.where(rng.random((B, K)) < 0.7, argmax[:, :K], rng.integers(0, V, size=(B, K)))
+  drafts = jnp.asarray(drafts, jnp.int32)
+  q = {"none": None, "one_hot": jax.nn.one_hot(drafts, V, dtype=jnp.float32),
+       "dense": jnp.asarray(rng.dirichlet(np.ones(V), size=(B, K)), jnp.float32)}[q_kind]
+  p = sampling.probabilities(jnp.asarray(logits), None)
+  keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
+  n_ref, next_ref = acceptance.accept_chain(p, q, drafts, keys)
+  n, nxt = acceptance.accept_greedy(jnp.asarray(logits), drafts)
+  np.testing.assert_array_equal(n, n_ref)
+  np.testing.assert_array_equal(nxt, next_ref)
+  assert 0 < int(np.sum(n)) < B * K

@@ -181,7 +181,7 @@ def test_array_prompts_with_lengths(target):
 def test_no_recompile_within_buckets(target, close_draft):
   program = api._program
   jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=3,
-                             max_new_tokens=10)
+                             max_new_tokens=10, temperature=[0.0, 0.9])
   size = program._cache_size()
   # New contents, prompt lengths, max_new_tokens, sampling settings, seed, EOS ids:
   # all traced, all within the same buckets.
@@ -189,11 +189,80 @@ def test_no_recompile_within_buckets(target, close_draft):
                              num_draft_tokens=3, max_new_tokens=21, temperature=[0.5, 0.0],
                              top_k=[3, 0], top_p=0.8, eos_id=[7], seed=5)
   assert program._cache_size() == size
+  # All-greedy batches are the one static distinction: their own (argmax-only)
+  # program, compiled once and then reused with everything else traced as above.
+  jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=3,
+                             max_new_tokens=10)
+  greedy_size = program._cache_size()
+  assert greedy_size <= size + 1
+  jspec.speculative_generate(target, close_draft, [[9, 8, 7, 6, 5, 4, 3], [2]],
+                             num_draft_tokens=3, max_new_tokens=21, top_k=[3, 0], top_p=0.8,
+                             eos_id=[7], seed=5)
+  assert program._cache_size() == greedy_size
   # A new K is a new program: the check above can see a recompile (K = 6 at batch 2
   # is used by no other test, so it cannot already be cached).
   jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=6,
                              max_new_tokens=10)
-  assert program._cache_size() == size + 1
+  assert program._cache_size() == greedy_size + 1
+
+
+def test_static_greedy_only_when_every_row_is_greedy(target, close_draft, monkeypatch):
+  """api passes params=None (the argmax-only program) exactly when every row's
+  temperature is 0; mixed and sampled batches keep per-row SamplingParams."""
+  seen = []
+  program = api._program
+
+  def spy(target, drafter, tokens, lengths, max_new, params, *rest):
+    seen.append(params)
+    return program(target, drafter, tokens, lengths, max_new, params, *rest)
+
+  monkeypatch.setattr(api, "_program", spy)
+  prompts = [[1, 2, 3], [4, 5]]
+  jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3, max_new_tokens=4)
+  jspec.generate(target, prompts, max_new_tokens=4, temperature=[0.0, 0.0], top_k=3)
+  jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3, max_new_tokens=4,
+                             temperature=[0.0, 0.7])
+  jspec.generate(target, prompts, max_new_tokens=4, temperature=1.0)
+  assert seen[0] is None and seen[1] is None
+  assert all(isinstance(p, jspec.SamplingParams) for p in seen[2:])
+  np.testing.assert_array_equal(seen[2].temperature, np.float32([0.0, 0.7]))
+
+
+def _decode(target, drafter, prompts, lengths, params, k, max_new):
+  B = prompts.shape[0]
+  config = jspec.DecodeConfig(num_draft_tokens=k, cache_length=64)
+
+  @jax.jit
+  def run(target, drafter, params):
+    state = jspec.decode.init_state(target, drafter, prompts, lengths,
+                                    jnp.full((B,), max_new, jnp.int32), params,
+                                    jnp.full((1,), -1, jnp.int32), jnp.arange(B), config)
+    one = jspec.decode.decode_round(target, drafter, state, config)
+    state = jspec.decode.decode_loop(target, drafter, one, config)
+    out, new_lengths = jspec.decode.output_tokens(state)
+    return one.tokens, one.lengths, out, new_lengths, state.stats
+
+  return run(target, drafter, params)
+
+
+@pytest.mark.parametrize("kind", ["baseline", "draft_model", "ngram"])
+def test_static_greedy_equals_zero_temperature_params(target, close_draft, kind):
+  """params=None (argmax-only rounds) gives the same tokens, lengths and statistics
+  as explicit all-zero-temperature SamplingParams (one-hot p and q, the general rule),
+  after one round and after the whole loop."""
+  prompts = np.array([[1, 2, 3, 1, 2, 0], [4, 0, 0, 0, 0, 0], [7, 7, 7, 7, 7, 7]], np.int32)
+  lengths = np.array([5, 1, 6], np.int32)
+  drafter, k = {"baseline": (None, 0), "draft_model": (jspec.DraftModel(close_draft), 3),
+                "ngram": (jspec.NGram(64), 3)}[kind]
+  zero = jspec.SamplingParams(temperature=jnp.zeros((3,), jnp.float32),
+                              top_k=jnp.zeros((3,), jnp.int32), top_p=jnp.ones((3,), jnp.float32))
+  fast = _decode(target, drafter, prompts, lengths, None, k, 20)
+  general = _decode(target, drafter, prompts, lengths, zero, k, 20)
+  for a, b in zip(jax.tree_util.tree_leaves(fast), jax.tree_util.tree_leaves(general)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(fast[3], 20)
+  if k:  # partial acceptance happened, so the comparison covers rejections
+    assert 0 < int(np.sum(fast[4].accepted)) < 3 * 20
 
 
 def test_pure_layer_inside_user_jit(target, close_draft):

@@ -112,7 +112,7 @@ def check_rows(drafter, tokens, lengths, k, reference):
   drafts, q, count = jit_propose(drafter, context, k)
   drafts, count = np.asarray(drafts), np.asarray(count)
   assert drafts.shape == (B, k) and drafts.dtype == np.int32
-  np.testing.assert_array_equal(np.asarray(q), np.eye(4, dtype=np.float32)[drafts])
+  assert q is None  # deterministic: one-hot at the drafts, never materialised
   for b in range(B):
     want, want_count = reference(tokens[b][:lengths[b]])
     assert drafts[b].tolist() == want and count[b] == want_count, (

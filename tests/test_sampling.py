@@ -45,3 +45,14 @@ def test_sample_never_draws_zero_probability():
   draws = np.asarray(sampling.sample(keys, jnp.asarray(probs)))
   assert set(np.unique(draws)) == {1, 4}
   assert abs(np.mean(draws == 4) - 0.75) < 6 * np.sqrt(0.75 * 0.25 / 4000)
+
+
+def test_static_greedy_params_none_is_one_hot():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(3, 2, 11)).astype(np.float32)
+  logits[0, 0, [2, 7]] = 9.0  # a tie: the lowest id, as with per-row temperature 0
+  got = np.asarray(jax.jit(sampling.probabilities)(jnp.asarray(logits), None))
+  np.testing.assert_array_equal(got, np.eye(11, dtype=np.float32)[np.argmax(logits, axis=-1)])
+  per_row = sampling.probabilities(jnp.asarray(logits), _params([0.0] * 3, [0] * 3, [1.0] * 3))
+  np.testing.assert_array_equal(got, per_row)
+  assert got[0, 0, 2] == 1.0
