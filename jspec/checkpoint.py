@@ -124,6 +124,7 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
   name = os.fspath(path)
   local = os.path.expanduser(name)
   if os.path.isdir(local):
+    local = os.path.abspath(local)  # orbax reads relative paths wrongly
     if os.path.isfile(os.path.join(local, CONFIG_FILE)):
       return _load_native(local, dtype, layout)
     if os.path.isfile(os.path.join(local, "config.json")):

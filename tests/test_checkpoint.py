@@ -253,3 +253,11 @@ def test_hub_id_downloads_and_loads(saved, tmp_path, monkeypatch):
   assert "*.safetensors" in calls[0][1] and "tokenizer.json" in calls[0][1]
   assert loaded.eos_ids == (5, 7) and loaded.tokenizer is not None
   assert_same_params(model, loaded)
+
+
+def test_load_from_a_relative_path(tmp_path, monkeypatch):
+  model = tiny_model()
+  jspec.save(model, tmp_path / "ckpt")
+  monkeypatch.chdir(tmp_path)
+  assert_same_params(jspec.load("ckpt"), model)
+  assert_same_params(jspec.load(os.path.join(".", "ckpt")), model)
