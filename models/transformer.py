@@ -283,8 +283,14 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   windows = jnp.asarray(c.windows(), jnp.int32)
   (x, cache), _ = lax.scan(layer, (x, cache), (params["layers"], layer_index, windows))
   hidden = norm(x, params["final_norm"])  # [B, T, D]
-  head = params["embed"].T if c.tie_word_embeddings else params["lm_head"]
-  logits = jnp.einsum("btd,dv->btv", hidden, head, preferred_element_type=jnp.float32)
+  if c.tie_word_embeddings:
+    # Contract against embed [V, D] as stored: writing it as embed.T made XLA CPU copy
+    # the whole transposed matrix on every call (8 MB at V 8192, D 256).
+    logits = jnp.einsum("btd,vd->btv", hidden, params["embed"],
+                        preferred_element_type=jnp.float32)
+  else:
+    logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head"],
+                        preferred_element_type=jnp.float32)
   if c.final_logit_softcapping:
     logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
   return logits, hidden, cache
