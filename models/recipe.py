@@ -114,7 +114,10 @@ class Run:
     self.progress = progress
     os.makedirs(work, exist_ok=True)
     self.log_path = os.path.join(work, "stages.json")
-    self.log = json.load(open(self.log_path)) if os.path.isfile(self.log_path) else {}
+    self.log = {}
+    if os.path.isfile(self.log_path):
+      with open(self.log_path) as f:
+        self.log = json.load(f)
 
   def stage(self, name, fn):
     if name in self.log:

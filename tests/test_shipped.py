@@ -1,5 +1,9 @@
 """The shipped code models: they load, match their manifests, and decode exactly."""
 
+import json
+import os
+
+import jax
 import numpy as np
 import pytest
 
@@ -32,12 +36,9 @@ def test_heldout_loss_matches_manifest(name, heldout):
 
 
 def test_weights_are_stored_in_bf16():
-  import json
-  import os
-
   path = os.path.join(shipped.checkpoints_dir(), shipped.TARGET)
   stored = jspec.load(path)  # no dtype: keep what is on disk
-  dtypes = {str(x.dtype) for x in __import__("jax").tree_util.tree_leaves(stored.params)}
+  dtypes = {str(x.dtype) for x in jax.tree_util.tree_leaves(stored.params)}
   assert dtypes == {"bfloat16"}
   with open(os.path.join(path, "manifest.json")) as f:
     assert json.load(f)["stored_dtype"] == "bfloat16"
