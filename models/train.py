@@ -63,10 +63,13 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
       decay_steps=cfg.steps, end_value=cfg.end_learning_rate)
 
   def decay_mask(params):
-    # Matrices decay; norm scales (also 2-D once stacked over layers) and biases do not.
+    # Decay applies to every leaf of rank >= 2 except stacked biases (b*). Note: the
+    # per-layer norm scales ([L, D], leaf name "scale") are rank 2 and so are decayed
+    # too; the shipped checkpoints were trained this way, so the rule stays until the
+    # next retrain (only the 1-D final norm scale escapes decay).
     def keep(path, leaf):
-      names = [str(getattr(k, "key", k)) for k in path]
-      return leaf.ndim >= 2 and not any("norm" in n or n.startswith("b") for n in names[-1:])
+      name = str(getattr(path[-1], "key", path[-1]))
+      return leaf.ndim >= 2 and not ("norm" in name or name.startswith("b"))
     return jax.tree_util.tree_map_with_path(keep, params)
 
   return optax.chain(
