@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import decode, sharding
+from jspec import decode, dynamic, sharding
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.sampling import SamplingParams
@@ -35,6 +35,8 @@ class GenerateOutput:
   tokens: jax.Array  # [B, max_new_tokens] int32; -1 after each row's end
   lengths: jax.Array  # [B] int32 new tokens per row, EOS included when emitted
   stats: decode.DecodeStats
+  # num_draft_tokens="auto": rounds run at each K, {K: rounds}; None for a fixed K.
+  rounds_by_k: dict | None = None
 
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
@@ -74,17 +76,30 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, m
   Other arguments as in `generate`; with `mesh=`, a draft model is replicated
   unless its params are already placed on that mesh (shard it yourself with
   `jspec.sharding.shard_model(draft, layout)` to split it by the same rules).
+
+  num_draft_tokens: K >= 1, or "auto" (or a `jspec.AutoK`) to choose K per round
+  inside the loop from the running acceptance and per-call costs measured at this
+  batch size (`jspec.dynamic`; cached on disk). When no K can beat plain decoding
+  at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
+  decoding. `rounds_by_k` in the output says which K ran how often.
   """
   K = num_draft_tokens
-  if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
-    raise ValueError(f"num_draft_tokens must be an integer >= 1, got {K!r}")
+  if isinstance(K, str) and K == "auto":
+    K = dynamic.AutoK()
+  if isinstance(K, dynamic.AutoK):
+    pass
+  elif isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
+    raise ValueError(f"num_draft_tokens must be an integer >= 1, \"auto\" or a jspec.AutoK, "
+                     f"got {K!r}")
+  else:
+    K = int(K)
   drafter = DraftModel(draft) if isinstance(draft, Model) else draft
   if drafter is None or not hasattr(drafter, "propose"):
     raise TypeError(f"draft must be a jspec.Model or a Drafter, got {type(draft).__name__}")
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
                      f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
-  return _run(target, drafter, prompts, int(K), max_new_tokens, temperature, top_k, top_p, eos_id,
+  return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
               seed, prompt_lengths, cache_length, mesh, rules)
 
 
@@ -93,6 +108,9 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, m
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
          prompt_lengths, cache_length, mesh, rules) -> GenerateOutput:
+  auto = K if isinstance(K, dynamic.AutoK) else None
+  if auto is not None:
+    K = auto.max_k
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
   layout = sharding.as_layout(mesh, rules)
@@ -126,7 +144,6 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
           f"are needed")
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   tokens = tokens[:, :S]
-  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
   # All rows greedy (known here, on the host): the static argmax-only program.
   greedy = bool(np.all(temps == 0))
   rows = [tokens, lengths, max_new, seeds] + ([] if greedy else [temps, top_ks, top_ps])
@@ -139,18 +156,40 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
       drafter = DraftModel(_placed(drafter.model, layout, replicate=True))
     rows = [sharding.put(x, layout.batch(x.shape)) for x in rows]
     eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
+  costs = None
+  if auto is not None:
+    costs = auto.costs or dynamic.round_costs(target, drafter, B, S, auto.choices, greedy=greedy)
+    choices, costs = dynamic.worthwhile(auto, costs)
+    if max(choices) == 0:
+      drafter, auto, K = None, None, 0  # speculation cannot win here: plain decoding
+    else:
+      auto = dataclasses.replace(auto, choices=choices, costs=None)  # costs go in traced
+      K = max(choices)
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
   tokens_, lengths_, max_new_, seeds_ = rows[:4]
   params = None
   if not greedy:
     temp_, top_k_, top_p_ = rows[4:]
     params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
-  out, new_lengths, stats = _program(target, drafter, tokens_, lengths_, max_new_, params, eos_ids,
-                                     seeds_, config)
+  if auto is None:
+    out, new_lengths, stats = _program(target, drafter, tokens_, lengths_, max_new_, params,
+                                       eos_ids, seeds_, config)
+    rounds = None
+  else:
+    out, new_lengths, stats, rounds = _auto_program(
+        target, drafter, tokens_, lengths_, max_new_, params, eos_ids, seeds_,
+        jnp.asarray(costs, jnp.float32), config, auto)
   width = int(max_new.max())
   if layout is not None and not out.is_fully_addressable:  # multi-host: every process gets all
-    out, new_lengths, stats = jax.tree_util.tree_map(
-        lambda x: jnp.asarray(sharding.fetch(x)), (out, new_lengths, stats))
-  return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats)
+    out, new_lengths, stats, rounds = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(sharding.fetch(x)), (out, new_lengths, stats, rounds))
+  rounds_by_k = None
+  if rounds is not None:
+    rounds_by_k = {k: int(r) for k, r in zip(auto.choices, np.asarray(rounds))}
+  elif costs is not None:  # "auto" chose plain decoding for the whole call
+    rounds_by_k = {0: int(np.max(np.asarray(stats.target_calls)))}
+  return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats,
+                        rounds_by_k=rounds_by_k)
 
 
 def _placed(model: Model, layout, replicate: bool) -> Model:
@@ -169,6 +208,16 @@ def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, 
   state = decode.decode_loop(target, drafter, state, config)
   out, new_lengths = decode.output_tokens(state)
   return out, new_lengths, state.stats
+
+
+@functools.partial(jax.jit, static_argnames=("config", "auto"))
+def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, costs,
+                  config, auto):
+  state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
+                            seeds, config)
+  state = dynamic.decode_loop(target, drafter, dynamic.init(state, costs, auto), config, auto)
+  out, new_lengths = decode.output_tokens(state.decode)
+  return out, new_lengths, state.decode.stats, state.schedule.rounds
 
 
 def _prompts_to_array(prompts, prompt_lengths, vocab_size):

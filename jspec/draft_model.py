@@ -29,6 +29,8 @@ from jspec import sampling
 from jspec.drafter import DraftContext
 from jspec.model import Model
 
+SYNC_CHUNK = 16  # tokens per catch-up call after rounds without drafting
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +42,14 @@ class DraftModel:
 
   @property
   def vocab_size(self) -> int:
+    """The draft model's vocabulary size (must equal the target's)."""
     return self.model.vocab_size
 
   def init(self, tokens, prompt_lengths, cache_length: int):
+    """`Drafter.init`: a [B, S] KV cache with the prompts prefilled (all but the last token).
+
+    tokens [B, P] int32 right-padded prompts; returns the draft model's cache pytree.
+    """
     B, P = tokens.shape
     cache = self.model.init_cache(B, cache_length)
     if P > 1:  # prefill t_0..t_{P-2}; rows with shorter prompts overwrite the excess later
@@ -52,6 +59,11 @@ class DraftModel:
 
   def propose(self, cache, context: DraftContext, num_drafts: int,
               params: sampling.SamplingParams | None, keys):
+    """`Drafter.propose`: K draft calls (one 2-token call, then K-1 one-token calls).
+
+    Returns drafts [B, K] int32, q [B, K, V] f32 (None when `params` is None:
+    argmax drafts, one-hot q) and the updated cache.
+    """
     greedy = params is None  # static
 
     def draw(logits, i):  # logits [B, V] -> d [B], q [B, V] (None when greedy)
@@ -82,3 +94,35 @@ class DraftModel:
       return drafts, None, cache
     q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
     return drafts, q, cache
+
+  def sync(self, cache, context: DraftContext, synced, chunk: int = SYNC_CHUNK):
+    """Feed the committed tokens the draft missed while it was not called.
+
+    synced [B]: slots below it hold current K/V. Afterwards slots below L-2 do,
+    which is what `propose` expects. Rounds without drafting (dynamic K = 0) leave
+    gaps; the missed tokens go in with one call per `chunk` tokens, in order, each
+    block attending to the slots already fed. A row with nothing to catch up
+    rewrites slots at or beyond L-2 with the buffer's contents, which `propose`
+    and later drafts overwrite before anything attends to them.
+
+        before:  t0 .. t(synced-1) | stale ............ | t(L-2) t(L-1)
+        after:   t0 ................................ t(L-3) | (fed by propose)
+    """
+    L = context.lengths
+    S = context.tokens.shape[1]
+    W = min(chunk, S)
+
+    def missing(carry):
+      pos, _ = carry
+      return jnp.any(pos < L - 2)
+
+    def feed(carry):
+      pos, cache = carry
+      start = jnp.clip(pos, 0, S - W)
+      block = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (W,)))(context.tokens, start)
+      with jax.named_scope("draft_sync"):
+        _, _, cache = self.model.apply(block, cache, start)
+      return start + W, cache
+
+    _, cache = lax.while_loop(missing, feed, (synced.astype(jnp.int32), cache))
+    return cache

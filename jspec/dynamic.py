@@ -1,0 +1,314 @@
+"""Dynamic speculation: choose K per round inside the jitted loop (`num_draft_tokens="auto"`).
+
+Speculation pays when the target has spare capacity (small batch) and the drafts
+are accepted; it loses under load or on text the drafter cannot guess. `AutoK`
+compiles one round per K in `choices` (0 = plain decoding, no drafter call) and,
+before every round, picks the K with the most expected tokens per unit of time:
+
+    a          = (accepted + prior * prior_weight) / (judged + prior_weight)
+    tokens(K)  = (1 - a^(K+1)) / (1 - a)          (Leviathan et al. 2022)
+    K*         = argmax_K tokens(K) / cost(K)      cost(0) = T_step,
+                                                   cost(K) = T_verify(K+1) + T_draft(K)
+
+`accepted` and `judged` count drafts over the batch's active rows and decay by
+`decay` every round, so after a stretch without speculation the estimate drifts
+back to the prior and the loop probes again. The costs are measured per batch size
+by a short timing pass (`round_costs`, cached on disk per machine and model).
+
+Exactness: the K of a round is a function of earlier rounds only, and every branch
+is a complete exact round (its drafts are all judged; none is dropped), so each
+emitted token still follows the target's distribution given the tokens before it.
+
+The drafter is not called in K = 0 rounds, so its state falls behind the committed
+tokens. A drafter with state (a draft model's KV cache) may define
+
+    sync(state, context, synced) -> state
+
+which brings the state up to the decode-state invariant from `synced` [B], the
+number of leading slots known to be current; the loop calls it before a drafting
+round. `DraftModel.sync` feeds the missed tokens in fixed-size chunks.
+
+    state = init(decode_state, drafter, costs, auto)    # decode_state from decode.init_state
+    state = decode_loop(target, drafter, state, config, auto)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jspec import decode
+from jspec.drafter import DraftContext
+from jspec.model import Model
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoK:
+  """Static settings of dynamic speculation. Changing them recompiles.
+
+  choices: the K values compiled into the loop; 0 (speculation off) should be one.
+  prior: acceptance assumed before any evidence, and what stale evidence decays to.
+  prior_weight: how many judged drafts the prior is worth.
+  decay: per-round factor on the evidence (1 = never forget).
+  ceiling: the most optimistic acceptance; a K that loses to plain decoding even
+    at this acceptance is not compiled, and when every K > 0 loses the call runs
+    the plain decoding program (no drafter at all).
+  costs: optional per-choice round costs (any time unit, same order as
+    `choices`); None measures them (`round_costs`).
+  """
+
+  choices: tuple[int, ...] = (0, 1, 2, 3, 4, 6)
+  prior: float = 0.6
+  prior_weight: float = 4.0
+  decay: float = 0.9
+  ceiling: float = 0.9
+  costs: tuple[float, ...] | None = None
+
+  def __post_init__(self):
+    ks = self.choices
+    if (not isinstance(ks, tuple) or not ks or len(set(ks)) != len(ks)
+        or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks)):
+      raise ValueError(f"AutoK.choices must be a tuple of distinct integers >= 0, got {ks!r}")
+    if max(ks) < 1:
+      raise ValueError(f"AutoK.choices needs at least one K >= 1, got {ks!r}")
+    for name in ("prior", "ceiling"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"AutoK.{name} must lie in [0, 1), got {getattr(self, name)!r}")
+    if not self.prior_weight > 0 or not 0.0 < self.decay <= 1.0:
+      raise ValueError(f"AutoK needs prior_weight > 0 and decay in (0, 1], got "
+                       f"{self.prior_weight!r}, {self.decay!r}")
+    if self.costs is not None and (len(self.costs) != len(ks)
+                                   or not all(float(c) > 0 for c in self.costs)):
+      raise ValueError(f"AutoK.costs must hold one positive cost per choice {ks}, "
+                       f"got {self.costs!r}")
+
+  @property
+  def max_k(self) -> int:
+    return max(self.choices)
+
+
+def expected_tokens(a, ks):
+  """Expected tokens per round at per-draft acceptance a with K drafts: (1-a^(K+1))/(1-a)."""
+  a = jnp.clip(a, 0.0, 0.999)
+  return (1.0 - a ** (ks + 1.0)) / (1.0 - a)
+
+
+def worthwhile(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
+  """The choices (and their costs) that can beat plain decoding at `auto.ceiling`.
+
+  0 is always kept when it was offered. Returns the pruned (choices, costs).
+  """
+  ks = np.asarray(auto.choices, np.float64)
+  c = np.asarray(costs, np.float64)
+  rate = np.asarray(expected_tokens(auto.ceiling, ks)) / c
+  base = rate[ks == 0][0] if np.any(ks == 0) else 0.0
+  keep = (ks == 0) | (rate > base)
+  return (tuple(int(k) for k in ks[keep]), tuple(float(x) for x in c[keep]))
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ScheduleState:
+  """The running acceptance estimate and the drafter's catch-up point."""
+
+  costs: jax.Array  # [C] f32 round cost per choice
+  accepted: jax.Array  # [] f32 decayed count of accepted drafts
+  judged: jax.Array  # [] f32 decayed count of judged drafts
+  synced: jax.Array  # [B] int32 leading slots the drafter's state is current for
+  rounds: jax.Array  # [C] int32 rounds run with each choice
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AutoState:
+  decode: decode.DecodeState
+  schedule: ScheduleState
+
+
+def init(state: decode.DecodeState, costs, auto: AutoK) -> AutoState:
+  """Wrap a freshly initialised decode state (`decode.init_state` with K = max choice)."""
+  costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
+  zero = jnp.zeros((), jnp.float32)
+  # Prefill put t_0..t_{P-2} in the drafter's cache: current below prompt_length - 1.
+  synced = jnp.maximum(state.prompt_lengths - 1, 0)
+  return AutoState(state, ScheduleState(costs, zero, zero, synced,
+                                        jnp.zeros((len(auto.choices),), jnp.int32)))
+
+
+def choose(schedule: ScheduleState, auto: AutoK) -> jax.Array:
+  """Index into `auto.choices` of the K with the most expected tokens per unit cost."""
+  a = ((schedule.accepted + auto.prior * auto.prior_weight)
+       / (schedule.judged + auto.prior_weight))
+  ks = jnp.asarray(auto.choices, jnp.float32)
+  return jnp.argmax(expected_tokens(a, ks) / schedule.costs).astype(jnp.int32)
+
+
+def auto_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
+               auto: AutoK) -> AutoState:
+  """One round at the K `choose` picks (a `lax.switch` over the compiled choices)."""
+  s = state.decode
+  sched = state.schedule
+  idx = choose(sched, auto)
+  active = ~s.done
+
+  def branch(k):
+    def run(s: decode.DecodeState) -> decode.DecodeState:
+      if k > 0 and hasattr(drafter, "sync"):
+        context = DraftContext(tokens=s.tokens, lengths=s.lengths)
+        s = dataclasses.replace(s, drafter_state=drafter.sync(s.drafter_state, context,
+                                                              sched.synced))
+      return decode.decode_round(target, drafter, s, dataclasses.replace(config,
+                                                                          num_draft_tokens=k))
+    return run
+
+  with jax.named_scope("auto_round"):
+    new = lax.switch(idx, [branch(k) for k in auto.choices], s)
+  k = jnp.asarray(auto.choices, jnp.int32)[idx]
+  n = new.stats.accepted - s.stats.accepted  # [B] accepted this round
+  judged = jnp.where(active & (k > 0), jnp.minimum(n + 1, k), 0)
+  drafted = k > 0
+  schedule = ScheduleState(
+      costs=sched.costs,
+      accepted=auto.decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
+      judged=auto.decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
+      synced=jnp.where(drafted & active, s.lengths, sched.synced),
+      rounds=sched.rounds.at[idx].add(jnp.any(active).astype(jnp.int32)),
+  )
+  return AutoState(new, schedule)
+
+
+def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
+                auto: AutoK) -> AutoState:
+  """Run dynamic rounds in one `lax.while_loop` until every row is done."""
+  return lax.while_loop(lambda s: jnp.any(~s.decode.done),
+                        lambda s: auto_round(target, drafter, s, config, auto), state)
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def _loop_time(fn, carry, calls: int, repeats: int) -> float:
+  """Median seconds per call of `fn(carry) -> (carry, out)` run `calls` times in one
+  jitted fori_loop, so dispatch is paid once, as inside the decode loop."""
+
+  @jax.jit
+  def many(carry):
+    def body(_, c):
+      carry, acc = c
+      carry, out = fn(carry)
+      return carry, acc + jnp.sum(out).astype(jnp.float32)
+    return lax.fori_loop(0, calls, body, (carry, jnp.zeros((), jnp.float32)))
+
+  carry, acc = many(carry)  # compile
+  jax.block_until_ready(acc)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    carry, acc = many(carry)
+    jax.block_until_ready(acc)
+    times.append((time.perf_counter() - t0) / calls)
+  return statistics.median(times)
+
+
+def _measure_costs(target: Model, drafter, batch: int, cache_length: int, ks, greedy: bool,
+                   prefix: int, calls: int, repeats: int) -> dict[int, float]:
+  from jspec import sampling  # local: keeps the module's import surface small
+
+  B, S = batch, cache_length
+  start = jnp.full((B,), prefix, jnp.int32)
+  lengths = start + 1
+  tokens = jnp.ones((B, prefix + 1), jnp.int32)
+  buffer = jnp.zeros((B, S), jnp.int32).at[:, :prefix + 1].set(tokens)
+  context = DraftContext(tokens=buffer, lengths=lengths)
+  params = None if greedy else sampling.SamplingParams(
+      temperature=jnp.ones((B,), jnp.float32), top_k=jnp.zeros((B,), jnp.int32),
+      top_p=jnp.ones((B,), jnp.float32))
+  keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
+  out = {}
+  for k in ks:
+    block = jnp.ones((B, k + 1), jnp.int32)
+
+    def verify(cache, block=block):
+      logits, _, cache = target.apply(block, cache, start)
+      if not greedy:  # sampled rounds also build the processed distribution
+        logits = sampling.probabilities(logits, params)
+      return cache, logits[:, :, :1]
+
+    t = _loop_time(verify, target.init_cache(B, S), calls, repeats)
+    if k > 0:
+      state = jax.jit(lambda d: d.init(tokens, lengths, S))(drafter)
+
+      def propose(state, k=k):
+        drafts, _, state = drafter.propose(state, context, k, params, keys)
+        return state, drafts
+
+      t += _loop_time(propose, state, calls, repeats)
+    out[k] = t
+  return out
+
+
+def _fingerprint(obj) -> Any:
+  """Shapes, dtypes and static settings of a model or drafter (not its values)."""
+  leaves, treedef = jax.tree_util.tree_flatten(obj)
+  return [str(treedef), [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
+
+
+def cache_path() -> str:
+  """Where measured costs are kept: $JSPEC_CACHE_DIR/costs.json (default ~/.cache/jspec)."""
+  root = os.environ.get("JSPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                           "jspec")
+  return os.path.join(root, "costs.json")
+
+
+def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
+                greedy: bool = True, calls: int = 12, repeats: int = 5,
+                use_cache: bool = True) -> tuple[float, ...]:
+  """Seconds per round for each K in `choices` at this batch size, measured in-loop.
+
+  cost(0) is one target call on 1 token; cost(K) one target call on K+1 tokens plus
+  one drafter round of K drafts. Results are kept in `cache_path()` under a key of
+  the machine, the models' shapes and the call's shape, so a second call with the
+  same setup measures nothing.
+  """
+  dev = jax.devices()[0]
+  key_obj = {"machine": [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
+                         getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__],
+             "target": _fingerprint(target), "drafter": _fingerprint(drafter),
+             "batch": batch, "cache_length": cache_length, "greedy": greedy}
+  key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
+  path = cache_path()
+  table = {}
+  if use_cache and os.path.exists(path):
+    try:
+      with open(path) as f:
+        table = json.load(f)
+    except (OSError, ValueError):
+      table = {}  # a damaged cache is remeasured, not trusted
+  known = {int(k): float(v) for k, v in table.get(key, {}).items()}
+  missing = [k for k in choices if k not in known]
+  if missing:
+    prefix = min(64, cache_length - max(choices) - 2)
+    known.update(_measure_costs(target, drafter, batch, cache_length, missing, greedy,
+                                max(prefix, 0), calls, repeats))
+    if use_cache:
+      table[key] = {str(k): v for k, v in sorted(known.items())}
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      tmp = f"{path}.{os.getpid()}.tmp"
+      with open(tmp, "w") as f:
+        json.dump(table, f, indent=1)
+      os.replace(tmp, path)
+  return tuple(known[k] for k in choices)

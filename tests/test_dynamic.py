@@ -1,0 +1,136 @@
+"""Dynamic speculation (`num_draft_tokens="auto"`): exact while K changes per round.
+
+Fixed per-choice costs (`AutoK(costs=...)`) make the schedule deterministic, so
+the tests can force the loop through K = 0 rounds (the draft model then misses
+tokens and must catch up) and through several K values in one generation, and
+check that it did.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+import test_distribution as enumeration
+from conftest import assert_greedy_match, ragged_prompts, tiny_config
+from jspec import dynamic
+from jspec.drafter import DraftContext
+from reference import assert_counts_match
+
+# Costs under which a mediocre draft flips between K = 0 and K >= 1 as the estimate
+# moves: at the prior 0.6, K = 1 wins (1.6 / 1.5 > 1 / 1.0); below about 0.5, K = 0.
+SWITCHING = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.5, 1.9, 2.6))
+
+
+def used(out):
+  return {k for k, r in out.rounds_by_k.items() if r}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("which", ["close", "far"])
+def test_greedy_equals_baseline(target, close_draft, far_draft, batch, which):
+  draft = close_draft if which == "close" else far_draft
+  prompts = ragged_prompts(batch, target.vocab_size, seed=40 + batch)
+  kw = dict(max_new_tokens=40, eos_id=())
+  base = jspec.generate(target, prompts, **kw)
+  out = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=SWITCHING, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  # The schedule really moved: both speculation and plain rounds ran.
+  assert 0 in used(out) and used(out) - {0}, out.rounds_by_k
+  assert sum(out.rounds_by_k.values()) == int(np.max(np.asarray(out.stats.target_calls)))
+
+
+def test_catch_up_after_plain_rounds_matches_prefill(target, far_draft):
+  """After rounds without drafting, `sync` leaves the draft cache equal to a prefill."""
+  drafter = jspec.DraftModel(far_draft)
+  B, S = 2, 64
+  rng = np.random.default_rng(5)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(B, S)), jnp.int32)
+  L = jnp.asarray([41, 23], jnp.int32)
+  synced = jnp.asarray([3, 22], jnp.int32)  # row 1: nothing to catch up
+  # A cache that is current below `synced` only: stale garbage beyond.
+  state = jax.jit(lambda t: drafter.init(t, synced + 1, S))(
+      jnp.where(jnp.arange(S)[None, :] < synced[:, None] + 1, tokens, 7)[:, :48])
+  synced_cache = jax.jit(lambda c: drafter.sync(c, DraftContext(tokens, L), synced, chunk=8))(
+      state)
+  full = jax.jit(lambda t: drafter.init(t, L, S))(tokens[:, :48])
+  for b in range(B):  # reference layout: k [L, B, Hkv, S, Dh], v [L, B, Hkv, Dh, S]
+    n = int(L[b]) - 2
+    np.testing.assert_allclose(synced_cache["k"][:, b, :, :n], full["k"][:, b, :, :n],
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(synced_cache["v"][:, b, :, :, :n], full["v"][:, b, :, :, :n],
+                               rtol=1e-5, atol=1e-5)
+  # Without the catch-up the stale slots differ: the test can fail.
+  assert not np.allclose(state["k"][:, 0, :, :39], full["k"][:, 0, :, :39], atol=1e-3)
+
+
+def test_ngram_greedy_equals_baseline(target):
+  prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]]
+  kw = dict(max_new_tokens=30, eos_id=())
+  base = jspec.generate(target, prompts, **kw)
+  out = jspec.speculative_generate(target, jspec.NGram(vocab_size=64, max_ngram=3), prompts,
+                                   num_draft_tokens=SWITCHING, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+
+
+def test_plain_decoding_when_speculation_cannot_win(target, close_draft):
+  prompts = ragged_prompts(2, target.vocab_size, seed=3)
+  kw = dict(max_new_tokens=12, eos_id=())
+  slow = dynamic.AutoK(choices=(0, 2, 4), costs=(1.0, 4.0, 7.0))  # loses even at 0.9
+  out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=slow, **kw)
+  base = jspec.generate(target, prompts, **kw)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert used(out) == {0}
+  assert int(np.sum(np.asarray(out.stats.accepted))) == 0
+
+
+def test_sampled_whole_sequences_follow_target(monkeypatch):
+  """Enumeration over V^3 sequences (test_distribution.py) while K switches mid-sequence.
+
+  The prior (0.95) starts the batch at K = 3; the measured acceptance (well below)
+  moves later rounds to K = 1, so rows see both within their three tokens.
+  """
+  config = tiny_config(vocab_size=enumeration.V, layers=1, hidden=16, heads=2, kv_heads=1,
+                       scale=0.3)
+  target = jspec.models.init(config, seed=21)
+  draft = jspec.models.init(config, seed=22)
+  exact = enumeration.exact_distribution(target, 1.0, 0)
+  auto = dynamic.AutoK(choices=(0, 1, 3), costs=(0.9, 1.0, 1.7), prior=0.95, prior_weight=1e-3)
+  spec = jspec.speculative_generate(target, draft, [enumeration.PROMPT] * enumeration.ROWS,
+                                    num_draft_tokens=auto, max_new_tokens=enumeration.NEW,
+                                    temperature=1.0, seed=77, eos_id=())
+  assert spec.rounds_by_k[3] > 0 and spec.rounds_by_k[1] > 0, spec.rounds_by_k
+  assert_counts_match(enumeration.sequence_counts(spec.tokens), exact, "auto")
+
+
+def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
+  drafter = jspec.DraftModel(far_draft)
+  first = dynamic.round_costs(target, drafter, 1, 128, (0, 2), calls=2, repeats=1)
+  assert len(first) == 2 and all(c > 0 for c in first)
+
+  def measured_again(*a, **k):
+    raise AssertionError("costs were measured twice")
+
+  monkeypatch.setattr(dynamic, "_measure_costs", measured_again)
+  assert dynamic.round_costs(target, drafter, 1, 128, (2, 0)) == first[::-1]
+  # A damaged cache file is remeasured, not trusted.
+  (tmp_path / "costs.json").write_text("{not json")
+  with pytest.raises(AssertionError, match="measured twice"):
+    dynamic.round_costs(target, drafter, 1, 128, (0, 2))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(choices=(0,)), dict(choices=(1, 1)), dict(choices=(0, -1, 2)), dict(prior=1.0),
+    dict(decay=0.0), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0))])
+def test_bad_settings(bad):
+  with pytest.raises(ValueError):
+    dynamic.AutoK(**bad)
+
+
+def test_bad_num_draft_tokens(target, far_draft):
+  with pytest.raises(ValueError, match="auto"):
+    jspec.speculative_generate(target, far_draft, [[1, 2]], num_draft_tokens="fast",
+                               max_new_tokens=4)
