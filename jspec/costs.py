@@ -49,6 +49,7 @@ def call_time(model: Model, batch: int, block: int, cache_length: int, repeats: 
 
 
 def ideal_speedup(tau: float, k: int, t_step: float, t_verify: float, t_draft: float) -> float:
+  """tau * T_step / (T_verify + k * T_draft): the speedup the measured call costs allow."""
   return tau * t_step / (t_verify + k * t_draft)
 
 

@@ -92,10 +92,12 @@ class Datastore:
     return cls(tokens=tokens, vocab_size=vocab_size, **settings)
 
   def init(self, tokens, prompt_lengths, cache_length: int):
+    """`Drafter.init`: no per-row state (returns None)."""
     del tokens, prompt_lengths, cache_length  # the context and the buffer are all it reads
     return None
 
   def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
+    """`Drafter.propose`: drafts [B, K] from `lookup`, q None (one-hot at the drafts)."""
     del params, keys  # deterministic: the same drafts at every temperature
     drafts, _ = self.lookup(context, num_drafts)
     return drafts, None, state  # q None: one-hot at the drafts

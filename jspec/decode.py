@@ -56,6 +56,8 @@ class DecodeConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeStats:
+  """Per-row and per-batch counters a run accumulates (tau, acceptance: `jspec.costs`)."""
+
   target_calls: jax.Array  # [B] int32 rounds in which the row was active
   accepted: jax.Array  # [B] int32 draft tokens accepted and committed
   accept_hist: jax.Array  # [K+1] int32 active rounds by accepted count n

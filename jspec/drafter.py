@@ -43,12 +43,33 @@ class DraftContext:
 
 
 class Drafter(Protocol):
+  """What `speculative_generate` and `jspec.decode` ask of a drafter (see the module
+  docstring). Implementations are pytrees: `DraftModel`, `NGram`, `Datastore`."""
+
   vocab_size: int
 
   def init(self, tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int) -> Any:
-    ...
+    """The drafter's initial state for a batch (a pytree, or None).
+
+    Args:
+      tokens: [B, P] int32 right-padded prompts.
+      prompt_lengths: [B] int32 in 1..P.
+      cache_length: S, the static number of slots per row (for a KV cache).
+    """
 
   def propose(self, state: Any, context: DraftContext, num_drafts: int,
               params: SamplingParams | None,
               keys: jax.Array) -> tuple[jax.Array, jax.Array | None, Any]:
-    ...
+    """Propose `num_drafts` (K, static) tokens per row.
+
+    Args:
+      state: what `init` or the previous `propose` returned.
+      context: the committed tokens [B, S] and lengths [B] at the start of the round.
+      num_drafts: K.
+      params: per-row `SamplingParams`, or None when every row is greedy (static).
+      keys: [B] typed PRNG keys for this round's draws.
+
+    Returns:
+      drafts [B, K] int32; q [B, K, V] f32, the distributions the drafts were drawn
+      from, or None for one-hot at the drafts; the new state.
+    """

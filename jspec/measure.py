@@ -150,6 +150,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
 
 
 def format_table(report: dict) -> str:
+  """The report of `measure` as a text table: one line per K."""
   lines = [f"{report['prompts']} prompts, batch {report['batch_size']}, "
            f"{report['max_new_tokens']} new tokens, temperature {report['temperature']}; "
            f"target step {report['t_step_ms']:.2f} ms; baseline "

@@ -54,6 +54,7 @@ class Model:
 
   @property
   def vocab_size(self) -> int:
+    """V, from `config.vocab_size`."""
     return int(self.config.vocab_size)
 
   @property
@@ -76,6 +77,7 @@ class Model:
                          block_mask=block_mask, depth=depth)
 
   def init_cache(self, batch: int, length: int, dtype=None):
+    """A zeroed K/V cache of `batch` rows and `length` slots (dtype: the model's)."""
     return self.init_cache_fn(self.config, batch, length,
                               self.dtype if dtype is None else dtype)
 
@@ -93,6 +95,7 @@ class Model:
     return _full_logits(self, tokens)
 
   def num_params(self) -> int:
+    """Total number of parameters (elements of every params leaf)."""
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(self.params)))
 
 

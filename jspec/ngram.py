@@ -72,10 +72,12 @@ class NGram:
     check_ngram_settings(self.vocab_size, self.max_ngram, self.min_ngram, self.drafts_per_ngram)
 
   def init(self, tokens, prompt_lengths, cache_length: int):
+    """`Drafter.init`: no per-row state (returns None)."""
     del tokens, prompt_lengths, cache_length  # everything it needs is in the context
     return None
 
   def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
+    """`Drafter.propose`: drafts [B, K] from `lookup`, q None (one-hot at the drafts)."""
     del params, keys  # deterministic: the same drafts at every temperature
     drafts, _ = self.lookup(context, num_drafts)
     return drafts, None, state  # q None: one-hot at the drafts
@@ -92,6 +94,8 @@ class NGram:
 
 
 def check_ngram_settings(vocab_size, max_ngram, min_ngram, drafts_per_ngram) -> None:
+  """Raise ValueError unless vocab_size, max_ngram >= min_ngram >= 1 are integers >= 1
+  and drafts_per_ngram is an integer >= 1 or None."""
   for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram),
                       ("min_ngram", min_ngram)):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:

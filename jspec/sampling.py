@@ -32,7 +32,8 @@ class SamplingParams:
   top_p: jax.Array  # [B] f32 in (0, 1]; 1 means no nucleus filter
 
   @property
-  def greedy(self) -> jax.Array:  # [B] bool
+  def greedy(self) -> jax.Array:
+    """[B] bool: rows with temperature 0 (or below)."""
     return self.temperature <= 0.0
 
 

@@ -47,12 +47,15 @@ class Rules:
 
   @classmethod
   def of(cls, **mapping: str | None) -> "Rules":
+    """Rules from keywords, e.g. `Rules.of(batch="data", mlp="model")`; names must be
+    in `LOGICAL_AXES`."""
     unknown = set(mapping) - set(LOGICAL_AXES)
     if unknown:
       raise ValueError(f"unknown logical axes {sorted(unknown)}; known: {LOGICAL_AXES}")
     return cls(tuple(sorted(mapping.items())))
 
   def mesh_axis(self, logical: str | None) -> str | None:
+    """The mesh axis a logical axis maps to, or None (replicated)."""
     return dict(self.table).get(logical)
 
 
@@ -69,6 +72,11 @@ class Layout:
   rules: Rules = HYBRID
 
   def spec(self, shape: tuple[int, ...], axes: tuple[str | None, ...]) -> PartitionSpec:
+    """The `PartitionSpec` of an array of `shape` whose dims have logical names `axes`.
+
+    A dim is replicated when its rule maps it nowhere, the mesh axis has size 1, the
+    mesh axis is already used by an earlier dim, or the size does not divide it.
+    """
     if len(axes) != len(shape):
       raise ValueError(f"logical axes {axes} do not match shape {shape}")
     used, out = set(), []
@@ -83,6 +91,7 @@ class Layout:
     return PartitionSpec(*out)
 
   def sharding(self, shape, axes) -> NamedSharding:
+    """`NamedSharding` on this mesh for `spec(shape, axes)`."""
     return NamedSharding(self.mesh, self.spec(tuple(shape), tuple(axes)))
 
   def tree_shardings(self, tree, axes_tree):
@@ -111,6 +120,11 @@ def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
 
 
 def as_layout(mesh: Mesh | Layout | None, rules: Rules | None) -> Layout | None:
+  """Normalise the `mesh=` / `rules=` arguments into a `Layout` (None without a mesh).
+
+  A `Layout` keeps its rules unless `rules` is given; a `Mesh` gets `rules` or
+  HYBRID, and its axes are made `Auto`.
+  """
   if mesh is None:
     if rules is not None:
       raise ValueError("rules= needs mesh=")

@@ -38,6 +38,7 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
+    """Number of ids the tokenizer knows, added tokens included."""
     return int(self.backend.get_vocab_size(with_added_tokens=True))
 
   def encode(self, texts: str | Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
@@ -57,6 +58,7 @@ class Tokenizer:
     return self.backend.decode(row, skip_special_tokens=skip_special_tokens)
 
   def decode_batch(self, rows, skip_special_tokens: bool = True) -> list[str]:
+    """`decode` of every row of a [B, N] array (e.g. `GenerateOutput.tokens`)."""
     return [self.decode(r, skip_special_tokens) for r in rows]
 
   def save(self, directory) -> None:

@@ -27,12 +27,16 @@ _SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
 
 @dataclasses.dataclass(frozen=True)
 class Document:
+  """One source file of the corpus."""
+
   path: str  # relative to the library root, '/'-separated
   text: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
+  """The corpus split into train and held-out documents (each in sorted path order)."""
+
   root: str
   train: tuple[Document, ...]
   heldout: tuple[Document, ...]
@@ -60,6 +64,7 @@ def stdlib_root() -> str:
 
 
 def is_heldout(relpath: str, fraction: float = HELDOUT_FRACTION) -> bool:
+  """Whether the file at `relpath` ('/'-separated) is held out: a function of the path alone."""
   digest = hashlib.sha256(relpath.encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "big") % 1000 < round(1000 * fraction)
 
@@ -101,6 +106,7 @@ def load_corpus(root: str | None = None, fraction: float = HELDOUT_FRACTION) -> 
 
 
 def fingerprint(docs) -> str:
+  """A 16-hex-digit hash of the documents' paths and texts, in order."""
   h = hashlib.sha256()
   for d in docs:
     h.update(d.path.encode())

@@ -172,6 +172,7 @@ def _flat(c, b):
   return (b.reshape(-1),)
 
 
+# Head counts of a config, for the head-splitting tensor rules below.
 H = lambda c: c.num_attention_heads
 HKV = lambda c: c.num_key_value_heads
 
@@ -247,6 +248,13 @@ def _gpt2_rules() -> tuple[list[Rule], list[Rule]]:
 
 @dataclasses.dataclass(frozen=True)
 class Family:
+  """One Hugging Face `model_type`: its config translator and tensor rules.
+
+  `config(hf_config_dict) -> TransformerConfig`; `rules() -> (top-level rules,
+  per-layer rules)`; tensor names are `top_prefix + name` and
+  `layer_prefix.format(i) + name`; `ignored` names are skipped on load.
+  """
+
   config: Callable[[dict], TransformerConfig]
   rules: Callable[[], tuple[list[Rule], list[Rule]]]
   layer_prefix: str
@@ -268,6 +276,7 @@ FAMILIES = {
 
 
 def family_of(cfg: dict) -> Family:
+  """The `Family` of a parsed config.json, by its `model_type`; CheckpointError if unsupported."""
   kind = cfg.get("model_type")
   if kind not in FAMILIES:
     raise CheckpointError(f"unsupported model_type {kind!r}; supported: {', '.join(FAMILIES)}")
@@ -278,6 +287,7 @@ def family_of(cfg: dict) -> Family:
 
 
 def read_config(path: str) -> dict:
+  """The parsed config.json of a Hugging Face model directory."""
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     raise FileNotFoundError(f"{file} not found: not a Hugging Face model directory")
@@ -341,6 +351,7 @@ class SafetensorsFile:
                               f"{self.data_start + end}, the file has {size}")
 
   def read(self, name: str) -> np.ndarray:
+    """Tensor `name` as a NumPy array of its stored dtype and shape (bf16 as ml_dtypes)."""
     info = self.tensors[name]
     if info["dtype"] not in _DTYPES:
       raise CheckpointError(f"{self.file}: tensor {name} has unsupported dtype {info['dtype']}")
@@ -503,6 +514,7 @@ def model_type_of(config: TransformerConfig) -> str:
 
 
 def hf_config(config: TransformerConfig) -> dict:
+  """The Hugging Face config.json fields (a dict) of a `TransformerConfig`."""
   c = config
   kind = model_type_of(c)
   act = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu"}[c.mlp.activation]

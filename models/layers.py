@@ -25,6 +25,7 @@ class RMSNorm:
   offset: float = 0.0
 
   def params(self, shape, dtype):
+    """Initial params of a norm over `shape`: {"scale": 1 - offset}, so offset + scale is 1."""
     return {"scale": jnp.full(shape, 1.0 - self.offset, dtype)}
 
   def __call__(self, x, p, eps):
@@ -43,6 +44,7 @@ class LayerNorm:
   kind: str = dataclasses.field(default="layer", init=False)
 
   def params(self, shape, dtype):
+    """Initial params of a norm over `shape`: {"scale": ones, "bias": zeros}."""
     return {"scale": jnp.ones(shape, dtype), "bias": jnp.zeros(shape, dtype)}
 
   def __call__(self, x, p, eps):
@@ -146,6 +148,7 @@ class GatedMLP:
     _check_activation(self.activation)
 
   def weight_names(self):
+    """Names of the input projections ([L, D, F] each); `w_down` is always there."""
     return ("w_gate", "w_up")
 
   def __call__(self, h, w):
@@ -167,6 +170,7 @@ class DenseMLP:
     _check_activation(self.activation)
 
   def weight_names(self):
+    """Names of the input projections ([L, D, F] each); `w_down` is always there."""
     return ("w_up",)
 
   def __call__(self, h, w):

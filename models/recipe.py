@@ -52,6 +52,8 @@ ACCEPT_K = 4
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
+  """Model configs, training settings and data sizes of one recipe size (see `PRESETS`)."""
+
   target: TransformerConfig
   draft: TransformerConfig
   target_train: TrainConfig
@@ -120,6 +122,8 @@ class Run:
         self.log = json.load(f)
 
   def stage(self, name, fn):
+    """Run `fn` as stage `name` and log its result and wall time; a stage already in
+    the log is skipped and its logged result returned."""
     if name in self.log:
       print(f"[recipe] {name}: done earlier ({self.log[name]['seconds']:.0f} s)")
       return self.log[name].get("result")
@@ -133,6 +137,7 @@ class Run:
     return result
 
   def path(self, *parts) -> str:
+    """A path inside the run's working directory."""
     return os.path.join(self.work, *parts)
 
 
@@ -370,6 +375,11 @@ def _stage_export(run: Run):
 
 def run_recipe(out: str, work: str, preset: str = "cpu", command: str = "",
                progress: bool = True) -> dict:
+  """Run (or resume) every stage: shipped files into `out`, working files in `work`.
+
+  `preset` is a key of `PRESETS`; `command` is recorded in the manifests.
+  Returns the stage log ({stage: {"seconds", "result"}}).
+  """
   run = Run(out, work, preset, command, progress)
   p = run.preset
   run.stage("data", lambda: _stage_data(run))
@@ -397,6 +407,7 @@ def run_recipe(out: str, work: str, preset: str = "cpu", command: str = "",
 
 
 def main(argv=None) -> int:
+  """Command line of `python -m jspec.models.recipe`."""
   parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="checkpoints", help="where the shipped files go")

@@ -47,11 +47,13 @@ def load(name: str = TARGET, dtype="float32", path: str | None = None):
 
 
 def manifest(name: str = TARGET, path: str | None = None) -> dict:
+  """The manifest.json of a shipped model, as a dict."""
   with open(os.path.join(checkpoints_dir(path), name, "manifest.json")) as f:
     return json.load(f)
 
 
 def demo_prompts(path: str | None = None) -> list[str]:
+  """The held-out code prompts `jspec demo` completes, as text."""
   with open(os.path.join(checkpoints_dir(path), "demo_prompts.json")) as f:
     return json.load(f)
 

@@ -58,6 +58,8 @@ class TrainConfig:
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
+  """Clip by global norm, then AdamW (weight decay on rank >= 2 leaves, biases excepted)
+  under linear warmup and cosine decay to `cfg.end_learning_rate`."""
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
       decay_steps=cfg.steps, end_value=cfg.end_learning_rate)
@@ -98,6 +100,7 @@ def distill_loss(module: Transformer, batch: dict, teacher) -> jax.Array:
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Mean cross-entropy of logits [B, T, V] against integer labels [B, T]."""
   return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
@@ -134,6 +137,8 @@ def kl_divergence(draft, target, windows: np.ndarray, chunk: int = 16) -> float:
 
 @dataclasses.dataclass
 class TrainResult:
+  """What `train` returns: the trained module and a record of the run."""
+
   module: Transformer
   steps: int
   tokens_seen: int

@@ -330,6 +330,7 @@ class Transformer(nnx.Module):
     return logits
 
   def to_model(self) -> Model:
+    """A `jspec.Model` holding this module's current params (for decoding)."""
     return make_model(self.config, self.params())
 
 
@@ -365,6 +366,10 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
 
 
 def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
+  """Wrap `params` of this architecture as a `jspec.Model` (with sharding axes).
+
+  `extra`: other `Model` fields, e.g. tokenizer= or eos_ids=.
+  """
   return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
                axes_fn=logical_axes, **extra)
 
