@@ -9,6 +9,7 @@ distribution exactly; greedy output equals the target's own greedy output.
 from jspec import acceptance, decode, sampling, sharding
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
+from jspec.dynamic import AutoK
 from jspec.drafter import DraftContext, Drafter
 from jspec.api import GenerateOutput, generate, speculative_generate
 from jspec.checkpoint import load, save
@@ -20,10 +21,12 @@ from jspec.text import generate_text
 from jspec.tokenizer import Tokenizer
 
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
+from jspec import linen, nnx  # noqa: E402  (Flax adapters: Linen modules, NNX state in jit)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoK",
     "DecodeConfig",
     "DecodeState",
     "DecodeStats",
@@ -40,8 +43,10 @@ __all__ = [
     "decode",
     "generate",
     "generate_text",
+    "linen",
     "load",
     "models",
+    "nnx",
     "sampling",
     "sharding",
     "save",
