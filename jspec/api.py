@@ -32,6 +32,8 @@ EOS_BUCKET = 4
 
 @dataclasses.dataclass(frozen=True)
 class GenerateOutput:
+  """What `generate` and `speculative_generate` return: new tokens, lengths, statistics."""
+
   tokens: jax.Array  # [B, max_new_tokens] int32; -1 after each row's end
   lengths: jax.Array  # [B] int32 new tokens per row, EOS included when emitted
   stats: decode.DecodeStats

@@ -5,6 +5,8 @@
                    [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR] [--draft DIR]
     jspec measure [--target DIR] [--drafter DIR|ngram] --prompts FILE [--k 1,2,4,8]
                   [--json OUT.json] [--plot OUT.png]
+    jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
+                [--device cpu|gpu] [--no-transformers]
     jspec convert HF_DIR OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
 
@@ -20,6 +22,8 @@ the measured per-call times allow.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -35,6 +39,7 @@ def _timed(fn):
 
 
 def demo(args) -> int:
+  """README's main job: shipped pair, baseline vs speculative at batch 1, checked equal."""
   import jax
 
   import jspec
@@ -121,6 +126,7 @@ def demo(args) -> int:
 
 
 def generate(args) -> int:
+  """Complete one text prompt with the shipped (or given) model, optionally speculatively."""
   import jspec
   from jspec.models import shipped
 
@@ -157,6 +163,7 @@ def _target_and_draft(args):
 
 
 def measure(args) -> int:
+  """Acceptance, tau and speedup per K on the user's prompts (jspec/measure.py)."""
   from jspec import measure as M
 
   target, drafter = _target_and_draft(args)
@@ -177,6 +184,43 @@ def measure(args) -> int:
   if args.plot:
     M.plot(report, args.plot)
     print(f"wrote {args.plot}")
+  return 0
+
+
+def bench(args) -> int:
+  """Side-by-side benchmark (jspec/bench.py): shipped models, or random-init ones on --device gpu."""
+  import jax
+
+  import jspec
+  from jspec import bench as bench_lib
+  from jspec.models import shipped
+
+  ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
+  s = bench_lib.Settings(batches=ints(args.batches), ks=ints(args.k), k=args.fixed_k,
+                         max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         transformers=not args.no_transformers)
+  if args.device == "gpu":
+    if jax.default_backend() == "cpu":
+      print("--device gpu needs an accelerator; jax sees only the CPU", file=sys.stderr)
+      return 2
+    big = lambda layers, hidden: jspec.models.TransformerConfig(
+        vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers, num_attention_heads=hidden // 128,
+        num_key_value_heads=max(hidden // 512, 1), max_position_embeddings=4096)
+    target = jspec.models.init(big(24, 2048), seed=0, dtype="bfloat16")
+    draft = jspec.models.init(big(4, 1024), seed=1, dtype="bfloat16")
+    print(f"random-init target {target.num_params():,} params, draft {draft.num_params():,}")
+    report = {"device": bench_lib.device_report(target, draft, s.batches, s.ks, s)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_device.json"), "w") as f:
+      json.dump(report, f, indent=1)
+    return 0
+  path = shipped.checkpoints_dir(args.checkpoints)
+  target = shipped.load(shipped.TARGET, path=path)
+  draft = shipped.load(shipped.DRAFT, path=path)
+  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out)
+  print(bench_lib.summary(report))
+  print(f"wrote {os.path.join(args.out, 'bench.json')} and {len(report['figures'])} figures")
   return 0
 
 
@@ -208,6 +252,7 @@ def _describe(verb, path, model) -> None:
 
 
 def main(argv=None) -> int:
+  """Entry point of the `jspec` command."""
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("demo", help="shipped models: baseline vs speculative, checked equal, timed")
@@ -246,6 +291,19 @@ def main(argv=None) -> int:
   p.add_argument("--plot", default=None, help="write a PNG of tau and speedup against K")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=measure)
+  p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers")
+  p.add_argument("--batches", default="1,2,4,8,16,32,64")
+  p.add_argument("--k", default="1,2,3,4,6", help="K sweep at batch 1")
+  p.add_argument("--fixed-k", type=int, default=4, help="K of the batch sweep and task runs")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--out", default="docs/bench", help="folder for bench.json and the figures")
+  p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                 help="gpu: larger random-init models, verify cost against decode cost")
+  p.add_argument("--no-transformers", action="store_true",
+                 help="skip the PyTorch transformers comparison")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=bench)
   p = sub.add_parser("convert", help="Hugging Face directory or Hub id -> native checkpoint")
   p.add_argument("src", metavar="HF_DIR",
                  help="directory with config.json + safetensors, or a Hub id org/name")

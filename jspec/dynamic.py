@@ -95,6 +95,7 @@ class AutoK:
 
   @property
   def max_k(self) -> int:
+    """The largest K compiled (sets the cache slack and the accept histogram's size)."""
     return max(self.choices)
 
 
@@ -135,6 +136,8 @@ class ScheduleState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AutoState:
+  """The decode state of a dynamic loop: the usual `DecodeState` plus the schedule's."""
+
   decode: decode.DecodeState
   schedule: ScheduleState
 

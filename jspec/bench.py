@@ -1,0 +1,463 @@
+"""`jspec bench`: baseline against every drafter, batch and K sweeps, and transformers.
+
+    jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
+    jspec bench --device gpu          # larger random-init models: verify vs decode cost
+
+One process, side by side; every variant is compiled first, then timed in
+interleaved repeats (medians). Task sets come from the shipped checkpoints'
+held-out token windows (models/shipped.py), so nothing is downloaded:
+
+  code      held-out code prompts (64 tokens), greedy completion;
+  restate   a held-out window, a separator, then the window's first half again:
+            the continuation restates earlier text (edits, quoting);
+  sampled   the code prompts at temperature 0.8, top-p 0.95.
+
+Sections of the JSON report (and the figures under --out):
+
+  k_sweep      batch 1, code: tau, measured speedup and the ideal speedup from
+               in-loop per-round costs (`dynamic.round_costs`) for each drafter
+               and K, plus "auto";
+  batch_sweep  code: speedup of the draft model (fixed K), n-gram and "auto"
+               over baseline at each batch size;
+  tasks        batch 1: restating and sampled runs;
+  floor        the weight-streaming floor of one decode step (weight bytes over
+               the memory bandwidth of a large array copy, measured here) against
+               jspec's baseline time per token;
+  transformers PyTorch `generate` (greedy, and assisted generation with the same
+               draft) on the same weights exported with `save_hf`, on the same
+               prompts, in the same process (needs torch and transformers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import dynamic
+from jspec.api import generate, speculative_generate
+from jspec.draft_model import DraftModel
+from jspec.model import Model
+from jspec.ngram import NGram
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What `run` sweeps: batch sizes, the K sweep, the fixed K, lengths, repeats."""
+
+  batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  ks: tuple[int, ...] = (1, 2, 3, 4, 6)
+  k: int = 4  # the fixed K of the batch sweep and task runs
+  max_new_tokens: int = 64
+  repeats: int = 3
+  transformers: bool = True
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def task_prompts(target: Model, heldout: dict, count: int) -> dict[str, list[list[int]]]:
+  """code and restate prompts, `count` rows each (held-out rows repeat when short)."""
+  code = heldout["accept_prompts"]
+  windows = heldout["windows"]
+  sep = [] if target.tokenizer is None else target.tokenizer.encode(
+      "\n\n# The same code once more:\n", add_special_tokens=False)[0]
+  rows = lambda a: [a[i % len(a)].tolist() for i in range(count)]
+  restate = [w[:96] + sep + w[:48] for w in rows(windows)]
+  return {"code": rows(code), "restate": restate}
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _tokens_out(out) -> int:
+  return int(np.sum(np.asarray(out.lengths)))
+
+
+def side_by_side(calls: dict, repeats: int) -> dict:
+  """{name: {"time": median s, "out": last output}}: compile all, then interleave."""
+  outs = {name: fn() for name, fn in calls.items()}
+  jax.block_until_ready([o.tokens for o in outs.values()])
+  times = {name: [] for name in calls}
+  for _ in range(repeats):
+    for name, fn in calls.items():
+      t0 = time.perf_counter()
+      outs[name] = fn()
+      jax.block_until_ready(outs[name].tokens)
+      times[name].append(time.perf_counter() - t0)
+  return {name: {"time": statistics.median(times[name]), "out": outs[name]} for name in calls}
+
+
+def _row(res, base, k=None):
+  out = res["out"]
+  calls = max(int(np.max(np.asarray(out.stats.target_calls))), 1)
+  row = {"time_s": res["time"], "tokens_per_s": _tokens_out(out) / res["time"],
+         "tau": _tokens_out(out) / max(int(np.sum(np.asarray(out.stats.target_calls))), 1),
+         "speedup": base["time"] / res["time"], "rounds": calls}
+  if k is not None:
+    row["k"] = k
+  if out.rounds_by_k is not None:
+    row["rounds_by_k"] = {str(a): b for a, b in out.rounds_by_k.items()}
+  row["equal_to_baseline"] = bool(np.array_equal(np.asarray(out.tokens),
+                                                 np.asarray(base["out"].tokens)))
+  return row
+
+
+def _variants(target, drafters, prompts, ks, s: Settings, **kw):
+  kw = dict(max_new_tokens=s.max_new_tokens, eos_id=(), **kw)
+  calls = {"baseline": lambda: generate(target, prompts, **kw)}
+  for dname, drafter in drafters.items():
+    for k in ks:
+      calls[f"{dname}@{k}"] = (lambda d, k: lambda: speculative_generate(
+          target, d, prompts, num_draft_tokens=k, **kw))(drafter, k)
+  return calls
+
+
+def k_sweep(target, drafters, prompts, s: Settings) -> dict:
+  """Batch 1 over the K sweep and "auto", with in-loop ideal speedups."""
+  # Several prompts at batch 1, one after another: time the sum.
+  per_prompt = [_variants(target, drafters, [p], list(s.ks) + ["auto"], s) for p in prompts]
+  calls = {name: (lambda name: lambda: _Concat([c[name]() for c in per_prompt]))(name)
+           for name in per_prompt[0]}
+  res = side_by_side(calls, s.repeats)
+  base = res.pop("baseline")
+  S = -(-(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1) // 128) * 128
+  report = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"], "rows": {}}
+  for dname, drafter in drafters.items():
+    costs = dict(zip((0,) + tuple(s.ks), dynamic.round_costs(
+        target, drafter, 1, S, (0,) + tuple(s.ks))))
+    report["costs_ms_" + dname] = {str(k): v * 1e3 for k, v in costs.items()}
+    for k in list(s.ks) + ["auto"]:
+      row = _row(res[f"{dname}@{k}"], base, k)
+      if k != "auto":
+        row["ideal_speedup"] = row["tau"] * costs[0] / costs[k]
+        row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
+      report["rows"][f"{dname}@{k}"] = row
+  return report
+
+
+@dataclasses.dataclass
+class _Concat:
+  """Outputs of several batch-1 runs seen as one (for timing and stats)."""
+
+  parts: list
+
+  @property
+  def tokens(self):
+    return [p.tokens for p in self.parts]
+
+  @property
+  def lengths(self):
+    return np.concatenate([np.asarray(p.lengths) for p in self.parts])
+
+  @property
+  def stats(self):
+    calls = np.concatenate([np.asarray(p.stats.target_calls) for p in self.parts])
+    return _Stats(calls)
+
+  @property
+  def rounds_by_k(self):
+    if self.parts[0].rounds_by_k is None:
+      return None
+    total = {}
+    for p in self.parts:
+      for k, r in p.rounds_by_k.items():
+        total[k] = total.get(k, 0) + r
+    return total
+
+
+@dataclasses.dataclass
+class _Stats:
+  target_calls: np.ndarray
+
+
+def batch_sweep(target, drafters, prompts, s: Settings) -> dict:
+  """Speedup over baseline at each batch size: each drafter at K = s.k, and "auto"."""
+  report = {}
+  for B in s.batches:
+    res = side_by_side(_variants(target, drafters, prompts[:B], [s.k, "auto"], s), s.repeats)
+    base = res.pop("baseline")
+    report[str(B)] = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"],
+                      "rows": {name: _row(r, base) for name, r in res.items()}}
+    print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x"
+                                       for n, r in report[str(B)]["rows"].items()), flush=True)
+  return report
+
+
+def task_runs(target, drafters, tasks, s: Settings) -> dict:
+  """Batch 1 restating (greedy) and sampled (temperature 0.8, top-p 0.95) runs."""
+  report = {}
+  for name, prompts, kw in [("restate", tasks["restate"][:1], {}),
+                            ("sampled", tasks["code"][:1],
+                             dict(temperature=0.8, top_p=0.95, seed=0))]:
+    res = side_by_side(_variants(target, drafters, prompts, [s.k, "auto"], s, **kw), s.repeats)
+    base = res.pop("baseline")
+    report[name] = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"],
+                    "rows": {n: _row(r, base) for n, r in res.items()}}
+  return report
+
+
+# ----------------------------------------------------------------------------- floor
+
+
+def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+  """Bytes per second of a large array copy (read + write counted)."""
+  src = np.ones(nbytes // 8, np.float64)
+  dst = np.empty_like(src)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    times.append(time.perf_counter() - t0)
+  return 2 * src.nbytes / min(times)
+
+
+def floor(target: Model, baseline_s_per_token: float) -> dict:
+  """The weight-streaming floor of a batch-1 step against jspec's baseline time per token.
+
+  A decode step reads every weight once, so it cannot beat weight bytes / bandwidth
+  (unless the weights sit in cache, which this does not model).
+  """
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(target.params))
+  bw = memory_bandwidth()
+  floor_s = weight_bytes / bw
+  return {"weight_bytes": int(weight_bytes), "bandwidth_gb_s": bw / 1e9,
+          "floor_ms": floor_s * 1e3, "baseline_ms_per_token": baseline_s_per_token * 1e3,
+          "baseline_over_floor": baseline_s_per_token / floor_s}
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def transformers_side(target: Model, draft: Model, prompts, jspec_rows: dict, s: Settings,
+                      batch: int = 8) -> dict:
+  """PyTorch greedy and assisted generation on the same weights and prompts."""
+  import torch
+  import transformers
+
+  from jspec.checkpoint import save_hf
+
+  torch.set_num_threads(os.cpu_count() or 1)
+  with tempfile.TemporaryDirectory() as tmp:
+    save_hf(target, os.path.join(tmp, "target"))
+    save_hf(draft, os.path.join(tmp, "draft"))
+    load = lambda p: transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(tmp, p), dtype=torch.float32).eval()
+    hf_target, hf_draft = load("target"), load("draft")
+  N = s.max_new_tokens
+  # Exactly N new tokens, as in jspec's runs (eos_id=()): no early stop on EOS.
+  kw = dict(generation_config=transformers.GenerationConfig(
+      max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0, eos_token_id=None))
+
+  def one_by_one(**extra):
+    with torch.no_grad():
+      return [hf_target.generate(torch.tensor([p]), **kw, **extra) for p in prompts]
+
+  def batched():
+    ids = torch.tensor([prompts[i % len(prompts)] for i in range(batch)])
+    with torch.no_grad():  # equal-length prompts: no padding needed
+      return hf_target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+
+  runs = {"greedy_b1": one_by_one, "assisted_b1": lambda: one_by_one(assistant_model=hf_draft),
+          "greedy_b%d" % batch: batched}
+  for fn in runs.values():
+    fn()  # warm-up
+  times = {n: [] for n in runs}
+  for _ in range(s.repeats):
+    for n, fn in runs.items():
+      t0 = time.perf_counter()
+      fn()
+      times[n].append(time.perf_counter() - t0)
+  t = {n: statistics.median(v) for n, v in times.items()}
+  tokens_b1 = N * len(prompts)
+  out = {"tokens_per_s": {"greedy_b1": tokens_b1 / t["greedy_b1"],
+                          "assisted_b1": tokens_b1 / t["assisted_b1"],
+                          f"greedy_b{batch}": N * batch / t[f"greedy_b{batch}"]},
+         "assisted_speedup": t["greedy_b1"] / t["assisted_b1"],
+         "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__}
+  out.update(jspec_rows)
+  return out
+
+
+# ----------------------------------------------------------------------------- device mode
+
+
+def device_report(target: Model, draft: Model, batches, ks, s: Settings) -> dict:
+  """Verify cost against decode cost per batch size (random-init models: acceptance is
+  not the point), plus baseline and speculative tokens/s."""
+  from jspec import costs
+
+  report = {}
+  for B in batches:
+    S = 256
+    step = costs.call_time(target, B, 1, S, repeats=10)
+    row = {"step_ms": step * 1e3,
+           "verify_over_step": {str(k): costs.call_time(target, B, k + 1, S, repeats=10) / step
+                                for k in ks},
+           "draft_over_step": costs.call_time(draft, B, 1, S, repeats=10) / step}
+    report[str(B)] = row
+    print(f"  batch {B}: step {row['step_ms']:.2f} ms, verify/step "
+          + ", ".join(f"K={k}: {v:.2f}" for k, v in row["verify_over_step"].items()), flush=True)
+  return report
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot(report: dict, out_dir: str) -> list[str]:
+  """speedup_vs_k.png and speedup_vs_batch.png under out_dir; returns the paths."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  paths = []
+  if "k_sweep" in report:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = report["k_sweep"]["rows"]
+    for dname in sorted({n.split("@")[0] for n in rows}):
+      pts = [(r["k"], r["speedup"], r.get("ideal_speedup")) for n, r in rows.items()
+             if n.startswith(dname + "@") and r["k"] != "auto"]
+      ks, sp, ideal = zip(*sorted(pts))
+      line, = ax.plot(ks, sp, "o-", label=f"{dname} measured")
+      ax.plot(ks, ideal, "--", color=line.get_color(), alpha=0.6, label=f"{dname} ideal")
+      auto = rows.get(f"{dname}@auto")
+      if auto:
+        ax.axhline(auto["speedup"], color=line.get_color(), ls=":", label=f"{dname} auto")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set(xlabel="K (drafts per round)", ylabel="speedup over baseline",
+           title="batch 1, held-out code, greedy")
+    ax.legend(fontsize=7)
+    paths.append(os.path.join(out_dir, "speedup_vs_k.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+  if "batch_sweep" in report:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sweep = report["batch_sweep"]
+    Bs = [int(b) for b in sweep]
+    for name in sweep[str(Bs[0])]["rows"]:
+      ax.plot(Bs, [sweep[str(b)]["rows"][name]["speedup"] for b in Bs], "o-", label=name)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="speedup over baseline",
+           title="held-out code, greedy")
+    ax.legend(fontsize=7)
+    paths.append(os.path.join(out_dir, "speedup_vs_batch.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+  return paths
+
+
+# ----------------------------------------------------------------------------- all
+
+
+def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | None = None,
+        sections=("k_sweep", "batch_sweep", "tasks", "floor", "transformers")) -> dict:
+  """Every section in one process; writes bench.json and the figures to out_dir."""
+  drafters = {"draft": DraftModel(draft), "ngram": NGram(vocab_size=target.vocab_size)}
+  tasks = task_prompts(target, heldout, max(max(s.batches), 8))
+  report = {"settings": dataclasses.asdict(s), "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
+            "target_params": target.num_params(), "draft_params": draft.num_params()}
+  code1 = tasks["code"][:6]  # batch-1 prompts, run one after another
+  if "k_sweep" in sections:
+    print("K sweep, batch 1", flush=True)
+    report["k_sweep"] = k_sweep(target, drafters, code1, s)
+  if "batch_sweep" in sections:
+    print("batch sweep", flush=True)
+    report["batch_sweep"] = batch_sweep(target, drafters, tasks["code"], s)
+  if "tasks" in sections:
+    print("restating and sampled tasks, batch 1", flush=True)
+    report["tasks"] = task_runs(target, drafters, tasks, s)
+  if "floor" in sections and "k_sweep" in report:
+    base = 1.0 / report["k_sweep"]["baseline_tokens_per_s"]
+    report["floor"] = floor(target, base)
+  if "transformers" in sections and s.transformers:
+    try:
+      import torch  # noqa: F401
+      import transformers  # noqa: F401
+    except ImportError:
+      report["transformers"] = "not installed (pip install 'jspec[bench]')"
+    else:
+      print("transformers, same weights and prompts", flush=True)
+      ks = report.get("k_sweep", {}).get("rows", {})
+      best = max((r for n, r in ks.items() if n.startswith("draft@") and r["k"] != "auto"),
+                 key=lambda r: r["speedup"], default=None)
+      b8 = report.get("batch_sweep", {}).get("8", {})
+      jrows = {"jspec_tokens_per_s_b1": report.get("k_sweep", {}).get("baseline_tokens_per_s"),
+               "jspec_tokens_per_s_b8": b8.get("baseline_tokens_per_s"),
+               "jspec_best_fixed_k_speedup": best and best["speedup"],
+               "jspec_best_fixed_k": best and best["k"],
+               "jspec_auto_speedup": ks.get("draft@auto", {}).get("speedup")}
+      report["transformers"] = transformers_side(target, draft, code1, jrows, s)
+  if out_dir:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+      json.dump(report, f, indent=1, default=_jsonable)
+    report["figures"] = plot(report, out_dir)
+  return report
+
+
+def _jsonable(x):
+  if isinstance(x, (np.integer, np.floating)):
+    return x.item()
+  return str(x)
+
+
+def summary(report: dict) -> str:
+  """The report's headline figures as terminal lines."""
+  lines = []
+  ks = report.get("k_sweep")
+  if ks:
+    lines.append(f"batch 1, code, greedy: baseline {ks['baseline_tokens_per_s']:.0f} tok/s")
+    lines.append(f"  {'variant':<12}{'tau':>6}{'speedup':>9}{'ideal':>8}{'meas/ideal':>12}")
+    for name, r in ks["rows"].items():
+      ideal = r.get("ideal_speedup")
+      ratio = r.get("measured_over_ideal")
+      lines.append(f"  {name:<12}{r['tau']:>6.2f}{r['speedup']:>8.2f}x"
+                   + (f"{ideal:>7.2f}x{ratio:>12.2f}" if ideal else f"{'':>8}{'':>12}")
+                   + ("" if r["equal_to_baseline"] else "  (differs from baseline)"))
+  bs = report.get("batch_sweep")
+  if bs:
+    names = list(next(iter(bs.values()))["rows"])
+    lines.append("speedup over baseline by batch size (code, greedy)")
+    lines.append(f"  {'batch':>5}{'base tok/s':>12}" + "".join(f"{n:>12}" for n in names))
+    for b, row in bs.items():
+      lines.append(f"  {b:>5}{row['baseline_tokens_per_s']:>12.0f}"
+                   + "".join(f"{row['rows'][n]['speedup']:>11.2f}x" for n in names))
+  for task, row in report.get("tasks", {}).items():
+    lines.append(f"{task}, batch 1: " + ", ".join(
+        f"{n} {r['speedup']:.2f}x (tau {r['tau']:.2f})" for n, r in row["rows"].items()))
+  fl = report.get("floor")
+  if fl:
+    lines.append(f"floor: {fl['weight_bytes'] / 1e6:.1f} MB of weights at "
+                 f"{fl['bandwidth_gb_s']:.1f} GB/s = {fl['floor_ms']:.2f} ms/token; jspec "
+                 f"baseline {fl['baseline_ms_per_token']:.2f} ms/token "
+                 f"({fl['baseline_over_floor']:.2f}x the floor)")
+  hf = report.get("transformers")
+  if isinstance(hf, dict):
+    t = hf["tokens_per_s"]
+    b8 = [k for k in t if k.startswith("greedy_b") and k != "greedy_b1"][0]
+    lines.append(f"transformers {hf['transformers']} (torch, {hf['torch_threads']} threads): "
+                 f"greedy {t['greedy_b1']:.0f} tok/s at batch 1, {t[b8]:.0f} at batch "
+                 f"{b8[8:]}; assisted {hf['assisted_speedup']:.2f}x")
+    if hf.get("jspec_tokens_per_s_b1"):
+      lines.append(f"  jspec baseline / transformers greedy: batch 1 "
+                   f"{hf['jspec_tokens_per_s_b1'] / t['greedy_b1']:.2f}x"
+                   + (f", batch {b8[8:]} {hf['jspec_tokens_per_s_b8'] / t[b8]:.2f}x"
+                      if hf.get("jspec_tokens_per_s_b8") else ""))
+    if hf.get("jspec_best_fixed_k_speedup"):
+      lines.append(f"  speculative speedup: jspec {hf['jspec_best_fixed_k_speedup']:.2f}x "
+                   f"(K = {hf['jspec_best_fixed_k']}), auto {hf['jspec_auto_speedup']:.2f}x; "
+                   f"transformers assisted {hf['assisted_speedup']:.2f}x")
+  elif hf:
+    lines.append(f"transformers: {hf}")
+  return "\n".join(lines)

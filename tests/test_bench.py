@@ -1,0 +1,72 @@
+"""`jspec bench` end to end on tiny random models (the figures are for the shipped ones).
+
+Timings here mean nothing; what is checked is that every section runs, that greedy
+variants reproduce the baseline's tokens, that the ideal speedup comes from the
+measured in-loop costs, and that the report and figures are written.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import jspec
+from conftest import tiny_config
+from jspec import bench
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target = jspec.models.init(tiny_config(vocab_size=48, layers=1), seed=0)
+  return target, jspec.models.init(tiny_config(vocab_size=48, layers=1, hidden=16, heads=2,
+                                               kv_heads=1), seed=1)
+
+
+def heldout(vocab, rows=8, seed=0):
+  rng = np.random.default_rng(seed)
+  return {"accept_prompts": rng.integers(0, vocab, size=(rows, 12)).astype(np.int32),
+          "windows": rng.integers(0, vocab, size=(rows, 100)).astype(np.int32)}
+
+
+def test_run_writes_every_section(pair, tmp_path, monkeypatch):
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path / "cache"))
+  target, draft = pair
+  s = bench.Settings(batches=(1, 2), ks=(1, 2), k=2, max_new_tokens=6, repeats=1,
+                     transformers=False)
+  report = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"))
+  rows = report["k_sweep"]["rows"]
+  assert set(rows) == {f"{d}@{k}" for d in ("draft", "ngram") for k in (1, 2, "auto")}
+  for name, r in rows.items():
+    assert r["equal_to_baseline"], name  # greedy: every variant reproduces the baseline
+    assert r["tau"] >= 1.0
+    if r["k"] != "auto":
+      costs = report["k_sweep"]["costs_ms_" + name.split("@")[0]]
+      assert r["ideal_speedup"] == pytest.approx(r["tau"] * costs["0"] / costs[str(r["k"])])
+  assert set(report["batch_sweep"]) == {"1", "2"}
+  for b in ("1", "2"):
+    assert all(r["equal_to_baseline"] for r in report["batch_sweep"][b]["rows"].values())
+  assert set(report["tasks"]) == {"restate", "sampled"}
+  fl = report["floor"]
+  assert fl["weight_bytes"] == sum(x.nbytes for x in
+                                   __import__("jax").tree_util.tree_leaves(target.params))
+  assert fl["bandwidth_gb_s"] > 0 and fl["baseline_over_floor"] > 0
+  with open(tmp_path / "out" / "bench.json") as f:
+    assert json.load(f)["k_sweep"]["rows"].keys() == rows.keys()
+  assert sorted(os.path.basename(p) for p in report["figures"]) == [
+      "speedup_vs_batch.png", "speedup_vs_k.png"]
+  text = bench.summary(report)
+  assert "draft@auto" in text and "floor" in text
+
+
+def test_transformers_side_same_weights(pair):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  target, draft = pair
+  prompts = heldout(48)["accept_prompts"][:2].tolist()
+  s = bench.Settings(max_new_tokens=5, repeats=1)
+  out = bench.transformers_side(target, draft, prompts, {"jspec_tokens_per_s_b1": 1.0}, s,
+                                batch=2)
+  assert set(out["tokens_per_s"]) == {"greedy_b1", "assisted_b1", "greedy_b2"}
+  assert all(v > 0 for v in out["tokens_per_s"].values())
+  assert out["assisted_speedup"] > 0 and out["jspec_tokens_per_s_b1"] == 1.0
