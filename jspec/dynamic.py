@@ -227,14 +227,17 @@ def _loop_time(fn, carry, calls: int, repeats: int) -> float:
   return statistics.median(times)
 
 
-def _measure_costs(target: Model, drafter, batch: int, cache_length: int, ks, greedy: bool,
-                   prefix: int, calls: int, repeats: int) -> dict[int, float]:
+def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: int, ks,
+                   greedy: bool, prefix: int, calls: int, repeats: int) -> dict[int, float]:
+  """Seconds per call, in-loop: role "target" times a call on K+1 tokens for each K,
+  role "drafter" one `propose` of K drafts (K >= 1) after a realistic prefix."""
   from jspec import sampling  # local: keeps the module's import surface small
 
   B, S = batch, cache_length
   start = jnp.full((B,), prefix, jnp.int32)
   lengths = start + 1
-  tokens = jnp.ones((B, prefix + 1), jnp.int32)
+  # Random ids, not a constant: an n-gram matcher's work depends on what it scans.
+  tokens = jax.random.randint(jax.random.key(0), (B, prefix + 1), 0, vocab_size, jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :prefix + 1].set(tokens)
   context = DraftContext(tokens=buffer, lengths=lengths)
   params = None if greedy else sampling.SamplingParams(
@@ -243,24 +246,26 @@ def _measure_costs(target: Model, drafter, batch: int, cache_length: int, ks, gr
   keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
   out = {}
   for k in ks:
-    block = jnp.ones((B, k + 1), jnp.int32)
+    if role == "target":
+      def verify(carry, k=k):
+        cache, block = carry
+        logits, _, cache = obj.apply(block, cache, start)
+        if not greedy:  # sampled rounds also build the processed distribution
+          logits = sampling.probabilities(logits, params)
+        return (cache, block), logits[:, :, :1]
 
-    def verify(cache, block=block):
-      logits, _, cache = target.apply(block, cache, start)
-      if not greedy:  # sampled rounds also build the processed distribution
-        logits = sampling.probabilities(logits, params)
-      return cache, logits[:, :, :1]
+      carry = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
+      out[k] = _loop_time(verify, carry, calls, repeats)
+    elif k > 0:
+      def propose(carry, k=k):
+        state, context = carry
+        drafts, _, state = obj.propose(state, context, k, params, keys)
+        return (state, context), drafts
 
-    t = _loop_time(verify, target.init_cache(B, S), calls, repeats)
-    if k > 0:
-      state = jax.jit(lambda d: d.init(tokens, lengths, S))(drafter)
-
-      def propose(state, k=k):
-        drafts, _, state = drafter.propose(state, context, k, params, keys)
-        return state, drafts
-
-      t += _loop_time(propose, state, calls, repeats)
-    out[k] = t
+      state = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
+      out[k] = _loop_time(propose, (state, context), calls, repeats)
+    else:
+      out[k] = 0.0  # K = 0 rounds never call the drafter
   return out
 
 
@@ -283,16 +288,14 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
   """Seconds per round for each K in `choices` at this batch size, measured in-loop.
 
   cost(0) is one target call on 1 token; cost(K) one target call on K+1 tokens plus
-  one drafter round of K drafts. Results are kept in `cache_path()` under a key of
-  the machine, the models' shapes and the call's shape, so a second call with the
-  same setup measures nothing.
+  one drafter round of K drafts. Target and drafter times are kept apart in
+  `cache_path()`, each under a key of the machine, the model's shapes and the call's
+  shape, so a second call with the same setup measures nothing and a new drafter
+  beside a known target measures only the drafter.
   """
   dev = jax.devices()[0]
-  key_obj = {"machine": [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
-                         getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__],
-             "target": _fingerprint(target), "drafter": _fingerprint(drafter),
-             "batch": batch, "cache_length": cache_length, "greedy": greedy}
-  key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
+  machine = [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
+             getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__]
   path = cache_path()
   table = {}
   if use_cache and os.path.exists(path):
@@ -301,17 +304,23 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
         table = json.load(f)
     except (OSError, ValueError):
       table = {}  # a damaged cache is remeasured, not trusted
-  known = {int(k): float(v) for k, v in table.get(key, {}).items()}
-  missing = [k for k in choices if k not in known]
-  if missing:
-    prefix = min(64, cache_length - max(choices) - 2)
-    known.update(_measure_costs(target, drafter, batch, cache_length, missing, greedy,
-                                max(prefix, 0), calls, repeats))
-    if use_cache:
+  prefix = max(min(64, cache_length - max(choices) - 2), 0)
+  parts = []
+  for role, obj in (("target", target), ("drafter", drafter)):
+    key_obj = {"machine": machine, "role": role, "model": _fingerprint(obj), "batch": batch,
+               "cache_length": cache_length, "greedy": greedy}
+    key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
+    known = {int(k): float(v) for k, v in table.get(key, {}).items()}
+    missing = [k for k in choices if k not in known]
+    if missing:
+      known.update(_measure_costs(role, obj, target.vocab_size, batch, cache_length, missing,
+                                  greedy, prefix, calls, repeats))
       table[key] = {str(k): v for k, v in sorted(known.items())}
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      tmp = f"{path}.{os.getpid()}.tmp"
-      with open(tmp, "w") as f:
-        json.dump(table, f, indent=1)
-      os.replace(tmp, path)
-  return tuple(known[k] for k in choices)
+    parts.append(known)
+  if use_cache:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(table, f, indent=1)
+    os.replace(tmp, path)
+  return tuple(parts[0][k] + parts[1][k] for k in choices)
