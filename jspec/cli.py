@@ -218,7 +218,8 @@ def bench(args) -> int:
   path = shipped.checkpoints_dir(args.checkpoints)
   target = shipped.load(shipped.TARGET, path=path)
   draft = shipped.load(shipped.DRAFT, path=path)
-  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out)
+  sections = tuple(x for x in args.sections.split(",") if x)
+  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections)
   print(bench_lib.summary(report))
   print(f"wrote {os.path.join(args.out, 'bench.json')} and {len(report['figures'])} figures")
   return 0
@@ -300,6 +301,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", default="docs/bench", help="folder for bench.json and the figures")
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                  help="gpu: larger random-init models, verify cost against decode cost")
+  p.add_argument("--sections", default="k_sweep,batch_sweep,tasks,floor,transformers",
+                 help="which parts to run (comma-separated)")
   p.add_argument("--no-transformers", action="store_true",
                  help="skip the PyTorch transformers comparison")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")

@@ -11,8 +11,9 @@ before every round, picks the K with the most expected tokens per unit of time:
                                                    cost(K) = T_verify(K+1) + T_draft(K)
 
 `accepted` and `judged` count drafts over the batch's active rows and decay by
-`decay` every round, so after a stretch without speculation the estimate drifts
-back to the prior and the loop probes again. The costs are measured per batch size
+`decay` every round. After `probe_every` rounds in a row without drafting, one
+round drafts at the best K >= 1 anyway, so an estimate that once fell too low is
+corrected by new evidence rather than frozen. The costs are measured per batch size
 by a short timing pass (`round_costs`, cached on disk per machine and model).
 
 Exactness: the K of a round is a function of earlier rounds only, and every branch
@@ -61,6 +62,8 @@ class AutoK:
   prior: acceptance assumed before any evidence, and what stale evidence decays to.
   prior_weight: how many judged drafts the prior is worth.
   decay: per-round factor on the evidence (1 = never forget).
+  probe_every: after this many rounds in a row at K = 0, draft once at the best
+    K >= 1 to refresh the estimate (0: never).
   ceiling: the most optimistic acceptance; a K that loses to plain decoding even
     at this acceptance is not compiled, and when every K > 0 loses the call runs
     the plain decoding program (no drafter at all).
@@ -71,7 +74,8 @@ class AutoK:
   choices: tuple[int, ...] = (0, 1, 2, 3, 4, 6)
   prior: float = 0.6
   prior_weight: float = 4.0
-  decay: float = 0.9
+  decay: float = 0.95
+  probe_every: int = 16
   ceiling: float = 0.9
   costs: tuple[float, ...] | None = None
 
@@ -88,6 +92,9 @@ class AutoK:
     if not self.prior_weight > 0 or not 0.0 < self.decay <= 1.0:
       raise ValueError(f"AutoK needs prior_weight > 0 and decay in (0, 1], got "
                        f"{self.prior_weight!r}, {self.decay!r}")
+    if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) \
+        or self.probe_every < 0:
+      raise ValueError(f"AutoK.probe_every must be an integer >= 0, got {self.probe_every!r}")
     if self.costs is not None and (len(self.costs) != len(ks)
                                    or not all(float(c) > 0 for c in self.costs)):
       raise ValueError(f"AutoK.costs must hold one positive cost per choice {ks}, "
@@ -130,6 +137,7 @@ class ScheduleState:
   accepted: jax.Array  # [] f32 decayed count of accepted drafts
   judged: jax.Array  # [] f32 decayed count of judged drafts
   synced: jax.Array  # [B] int32 leading slots the drafter's state is current for
+  idle: jax.Array  # [] int32 rounds in a row without drafting
   rounds: jax.Array  # [C] int32 rounds run with each choice
 
 
@@ -148,7 +156,7 @@ def init(state: decode.DecodeState, costs, auto: AutoK) -> AutoState:
   zero = jnp.zeros((), jnp.float32)
   # Prefill put t_0..t_{P-2} in the drafter's cache: current below prompt_length - 1.
   synced = jnp.maximum(state.prompt_lengths - 1, 0)
-  return AutoState(state, ScheduleState(costs, zero, zero, synced,
+  return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
 
@@ -157,7 +165,12 @@ def choose(schedule: ScheduleState, auto: AutoK) -> jax.Array:
   a = ((schedule.accepted + auto.prior * auto.prior_weight)
        / (schedule.judged + auto.prior_weight))
   ks = jnp.asarray(auto.choices, jnp.float32)
-  return jnp.argmax(expected_tokens(a, ks) / schedule.costs).astype(jnp.int32)
+  rate = expected_tokens(a, ks) / schedule.costs
+  best = jnp.argmax(rate).astype(jnp.int32)
+  if auto.probe_every:
+    probe = jnp.argmax(jnp.where(ks > 0, rate, -jnp.inf)).astype(jnp.int32)
+    best = jnp.where(schedule.idle >= auto.probe_every, probe, best)
+  return best
 
 
 def auto_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
@@ -189,6 +202,7 @@ def auto_round(target: Model, drafter, state: AutoState, config: decode.DecodeCo
       accepted=auto.decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
       judged=auto.decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
       synced=jnp.where(drafted & active, s.lengths, sched.synced),
+      idle=jnp.where(drafted, 0, sched.idle + 1),
       rounds=sched.rounds.at[idx].add(jnp.any(active).astype(jnp.int32)),
   )
   return AutoState(new, schedule)
@@ -204,27 +218,35 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
 # ----------------------------------------------------------------------------- costs
 
 
-def _loop_time(fn, carry, calls: int, repeats: int) -> float:
-  """Median seconds per call of `fn(carry) -> (carry, out)` run `calls` times in one
-  jitted fori_loop, so dispatch is paid once, as inside the decode loop."""
+def _loop(fn, calls: int):
+  """`fn(carry, i) -> (carry, out)` run `calls` times in one jitted fori_loop, so
+  dispatch is paid once, as inside the decode loop."""
 
   @jax.jit
   def many(carry):
-    def body(_, c):
+    def body(i, c):
       carry, acc = c
-      carry, out = fn(carry)
+      carry, out = fn(carry, i)
       return carry, acc + jnp.sum(out).astype(jnp.float32)
     return lax.fori_loop(0, calls, body, (carry, jnp.zeros((), jnp.float32)))
 
-  carry, acc = many(carry)  # compile
-  jax.block_until_ready(acc)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    carry, acc = many(carry)
+  return many
+
+
+def _interleaved_times(loops: dict, carries: dict, calls: int, repeats: int) -> dict:
+  """Seconds per call of each loop: compiled first, then timed in turns, so a burst of
+  load on a shared machine hits every K alike; the minimum over turns is kept."""
+  for k, many in loops.items():
+    carries[k], acc = many(carries[k])  # compile
     jax.block_until_ready(acc)
-    times.append((time.perf_counter() - t0) / calls)
-  return statistics.median(times)
+  best = dict.fromkeys(loops, float("inf"))
+  for _ in range(repeats):
+    for k, many in loops.items():
+      t0 = time.perf_counter()
+      carries[k], acc = many(carries[k])
+      jax.block_until_ready(acc)
+      best[k] = min(best[k], (time.perf_counter() - t0) / calls)
+  return best
 
 
 def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: int, ks,
@@ -239,34 +261,34 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
   # Random ids, not a constant: an n-gram matcher's work depends on what it scans.
   tokens = jax.random.randint(jax.random.key(0), (B, prefix + 1), 0, vocab_size, jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :prefix + 1].set(tokens)
-  context = DraftContext(tokens=buffer, lengths=lengths)
   params = None if greedy else sampling.SamplingParams(
       temperature=jnp.ones((B,), jnp.float32), top_k=jnp.zeros((B,), jnp.int32),
       top_p=jnp.ones((B,), jnp.float32))
   keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
-  out = {}
+  loops, carries = {}, {}
   for k in ks:
     if role == "target":
-      def verify(carry, k=k):
+      def verify(carry, i, k=k):
         cache, block = carry
         logits, _, cache = obj.apply(block, cache, start)
         if not greedy:  # sampled rounds also build the processed distribution
           logits = sampling.probabilities(logits, params)
         return (cache, block), logits[:, :, :1]
 
-      carry = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
-      out[k] = _loop_time(verify, carry, calls, repeats)
+      loops[k] = _loop(verify, calls)
+      carries[k] = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
     elif k > 0:
-      def propose(carry, k=k):
-        state, context = carry
+      def propose(state, i, k=k):
+        # The length moves with i: a stateless drafter's work would otherwise be
+        # loop-invariant, and XLA would hoist it out of the timed loop.
+        context = DraftContext(tokens=buffer, lengths=lengths - i % 2)
         drafts, _, state = obj.propose(state, context, k, params, keys)
-        return (state, context), drafts
+        return state, drafts
 
-      state = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
-      out[k] = _loop_time(propose, (state, context), calls, repeats)
-    else:
-      out[k] = 0.0  # K = 0 rounds never call the drafter
-  return out
+      loops[k] = _loop(propose, calls)
+      carries[k] = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
+  out = _interleaved_times(loops, carries, calls, repeats)
+  return {k: out.get(k, 0.0) for k in ks}  # K = 0 rounds never call the drafter
 
 
 def _fingerprint(obj) -> Any:
@@ -323,4 +345,24 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
     with open(tmp, "w") as f:
       json.dump(table, f, indent=1)
     os.replace(tmp, path)
-  return tuple(parts[0][k] + parts[1][k] for k in choices)
+  return monotone(choices, [parts[0][k] + parts[1][k] for k in choices])
+
+
+def monotone(choices, costs) -> tuple[float, ...]:
+  """The closest costs (least squares) that do not fall as K grows.
+
+  A round with more drafts never costs less; a measurement that says so is noise
+  (a burst of load during one timing), and left alone it would make the schedule
+  prefer that K. Pool-adjacent-violators over the choices sorted by K.
+  """
+  order = np.argsort(np.asarray(choices))
+  blocks = []  # [mean, weight]
+  for c in np.asarray(costs, np.float64)[order]:
+    blocks.append([c, 1])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+      blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+  fitted = np.concatenate([[m] * w for m, w in blocks])
+  out = np.empty_like(fitted)
+  out[order] = fitted
+  return tuple(float(x) for x in out)

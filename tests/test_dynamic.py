@@ -124,7 +124,7 @@ def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
 
 @pytest.mark.parametrize("bad", [
     dict(choices=(0,)), dict(choices=(1, 1)), dict(choices=(0, -1, 2)), dict(prior=1.0),
-    dict(decay=0.0), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0))])
+    dict(decay=0.0), dict(probe_every=-1), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0))])
 def test_bad_settings(bad):
   with pytest.raises(ValueError):
     dynamic.AutoK(**bad)
@@ -134,3 +134,21 @@ def test_bad_num_draft_tokens(target, far_draft):
   with pytest.raises(ValueError, match="auto"):
     jspec.speculative_generate(target, far_draft, [[1, 2]], num_draft_tokens="fast",
                                max_new_tokens=4)
+
+
+def test_monotone_costs():
+  assert dynamic.monotone((0, 1, 2, 4), (1.0, 2.0, 3.0, 2.5)) == pytest.approx(
+      (1.0, 2.0, 2.75, 2.75))
+  assert dynamic.monotone((4, 0, 2), (5.0, 1.0, 3.0)) == (5.0, 1.0, 3.0)  # unsorted, fine
+
+
+def test_probe_after_idle_rounds(target, far_draft):
+  """A prior that says "never speculate" still drafts once every probe_every rounds."""
+  never = dynamic.AutoK(choices=(0, 2), costs=(1.0, 2.2), prior=0.05, ceiling=0.95,
+                        probe_every=5)
+  prompts = ragged_prompts(1, target.vocab_size, seed=9)
+  kw = dict(max_new_tokens=30, eos_id=())
+  out = jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens=never, **kw)
+  base = jspec.generate(target, prompts, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  assert out.rounds_by_k[2] >= 3 and out.rounds_by_k[0] >= 5 * (out.rounds_by_k[2] - 1)
