@@ -188,6 +188,13 @@ def train(config: TransformerConfig, cfg: TrainConfig, batch_fn: Callable[[int],
       start = latest
       history = _read_history(checkpoint_dir)
 
+  # Commit every state array to the device now: arrays built on the host come back
+  # from the first step committed, and that change of placement would retrace and
+  # recompile the step once more.
+  device = jax.devices()[0]
+  for obj in (module, optimizer):
+    nnx.update(obj, jax.device_put(nnx.state(obj), device))
+
   tokens_per_step = cfg.batch_size * cfg.seq_len
   bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc,
              disable=not progress, mininterval=2.0)
