@@ -75,7 +75,7 @@ class AutoK:
   prior: float = 0.6
   prior_weight: float = 4.0
   decay: float = 0.95
-  probe_every: int = 16
+  probe_every: int = 64
   ceiling: float = 0.9
   costs: tuple[float, ...] | None = None
 
@@ -289,6 +289,19 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
 
       loops[k] = _loop(verify, calls)
       carries[k] = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
+      if k == 0:
+        # A whole plain round (step, argmax or sampling, commit): what it costs beyond
+        # the step is paid by every round, whatever its K.
+        def plain(state, i):
+          state = decode.decode_round(obj, None, state, decode.DecodeConfig(0, S))
+          return state, state.lengths
+
+        loops[ROUND] = _loop(plain, calls)
+        carries[ROUND] = jax.jit(
+            lambda m: decode.init_state(m, None, tokens, lengths, jnp.full((B,), S, jnp.int32),
+                                        params, jnp.full((1,), -1, jnp.int32),
+                                        jnp.arange(B, dtype=jnp.int32),
+                                        decode.DecodeConfig(0, S)))(obj)
     elif k > 0:
       def propose(state, i, k=k):
         # The length moves with i: a stateless drafter's work would otherwise be
@@ -300,7 +313,10 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
       loops[k] = _loop(propose, calls)
       carries[k] = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
   out = _interleaved_times(loops, carries, calls, repeats)
-  return {k: out.get(k, 0.0) for k in ks}  # K = 0 rounds never call the drafter
+  return {k: out.get(k, 0.0) for k in list(ks) + ([ROUND] if ROUND in out else [])}
+
+
+ROUND = -1  # key of a whole plain round's time in the target's measurements
 
 
 def _fingerprint(obj) -> Any:
@@ -345,7 +361,9 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
                "cache_length": cache_length, "greedy": greedy}
     key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
     known = {int(k): float(v) for k, v in table.get(key, {}).items()}
-    missing = [k for k in choices if k not in known]
+    wanted = list(choices) + ([0] if role == "target" and ROUND not in known else [])
+    missing = sorted({k for k in wanted if k not in known or k == 0 and ROUND not in known}
+                     if role == "target" else {k for k in choices if k not in known})
     if missing:
       known.update(_measure_costs(role, obj, target.vocab_size, batch, cache_length, missing,
                                   greedy, prefix, calls, repeats))
@@ -357,7 +375,11 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
     with open(tmp, "w") as f:
       json.dump(table, f, indent=1)
     os.replace(tmp, path)
-  return monotone(choices, [parts[0][k] + parts[1][k] for k in choices])
+  target_t, drafter_t = parts
+  # Every round pays the same bookkeeping beyond its calls (the plain round minus the
+  # step); counting it makes long rounds' fixed costs visible to the schedule.
+  extra = max(target_t[ROUND] - target_t[0], 0.0)
+  return monotone(choices, [target_t[k] + drafter_t[k] + extra for k in choices])
 
 
 def monotone(choices, costs) -> tuple[float, ...]:
