@@ -11,7 +11,7 @@ before every round, picks the K with the most expected tokens per unit of time:
                                                    cost(K) = T_verify(K+1) + T_draft(K)
 
 `accepted` and `judged` count drafts over the batch's active rows and decay by
-`decay` every round. After `probe_every` rounds in a row without drafting, one
+`decay` every drafting round (K = 0 rounds leave them alone). After `probe_every` rounds in a row without drafting, one
 round drafts at the best K >= 1 anyway, so an estimate that once fell too low is
 corrected by new evidence rather than frozen. The costs are measured per batch size
 by a short timing pass (`round_costs`, cached on disk per machine and model).
@@ -59,9 +59,9 @@ class AutoK:
   """Static settings of dynamic speculation. Changing them recompiles.
 
   choices: the K values compiled into the loop; 0 (speculation off) should be one.
-  prior: acceptance assumed before any evidence, and what stale evidence decays to.
+  prior: acceptance assumed before any evidence.
   prior_weight: how many judged drafts the prior is worth.
-  decay: per-round factor on the evidence (1 = never forget).
+  decay: factor on the evidence per drafting round (1 = never forget).
   probe_every: after this many rounds in a row at K = 0, draft once at the best
     K >= 1 to refresh the estimate (0: never).
   ceiling: the most optimistic acceptance; a K that loses to plain decoding even
@@ -189,10 +189,14 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
   n = new.stats.accepted - s.stats.accepted  # [B] accepted this round
   judged = jnp.where(active, jnp.minimum(n + 1, k), 0)
+  # Evidence decays per drafting round only: rounds at K = 0 say nothing about the
+  # drafts, and letting the estimate drift back to the prior during them would make
+  # the loop oscillate between K = 0 and a K the drafts do not deserve.
+  decay = auto.decay if k > 0 else 1.0
   schedule = ScheduleState(
       costs=sched.costs,
-      accepted=auto.decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
-      judged=auto.decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
+      accepted=decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
+      judged=decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
       synced=jnp.where(active, s.lengths, sched.synced) if k > 0 else sched.synced,
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
       rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
