@@ -215,9 +215,9 @@ def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, 
 @functools.partial(jax.jit, static_argnames=("config", "auto"))
 def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, costs,
                   config, auto):
-  state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                            seeds, config)
-  state = dynamic.decode_loop(target, drafter, dynamic.init(state, costs, auto), config, auto)
+  state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
+                             seeds, costs, config, auto)
+  state = dynamic.decode_loop(target, drafter, state, config, auto)
   out, new_lengths = decode.output_tokens(state.decode)
   return out, new_lengths, state.decode.stats, state.schedule.rounds
 

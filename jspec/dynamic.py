@@ -29,7 +29,8 @@ which brings the state up to the decode-state invariant from `synced` [B], the
 number of leading slots known to be current; the loop calls it before a drafting
 round. `DraftModel.sync` feeds the missed tokens in fixed-size chunks.
 
-    state = init(decode_state, drafter, costs, auto)    # decode_state from decode.init_state
+    state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
+                       eos_ids, seeds, costs, config, auto)
     state = decode_loop(target, drafter, state, config, auto)
 """
 
@@ -150,12 +151,27 @@ class AutoState:
   schedule: ScheduleState
 
 
-def init(state: decode.DecodeState, costs, auto: AutoK) -> AutoState:
-  """Wrap a freshly initialised decode state (`decode.init_state` with K = max choice)."""
+def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
+               seeds, costs, config: decode.DecodeConfig, auto: AutoK) -> AutoState:
+  """`decode.init_state` for a dynamic loop (config K = the largest choice).
+
+  A drafter that can `sync` is not prefilled here: its state is made from the
+  first token only, and the first drafting round feeds the prompt. A call where
+  speculation never pays (K = 0 throughout) then never runs the drafter at all.
+  """
+  lazy = hasattr(drafter, "sync")
+  state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
+                            eos_ids, seeds, config)
+  if lazy:
+    B = tokens.shape[0]
+    drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
+    synced = jnp.zeros((B,), jnp.int32)
+  else:
+    drafter_state = drafter.init(tokens, prompt_lengths, config.cache_length)
+    synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
+  state = dataclasses.replace(state, drafter_state=drafter_state)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((), jnp.float32)
-  # Prefill put t_0..t_{P-2} in the drafter's cache: current below prompt_length - 1.
-  synced = jnp.maximum(state.prompt_lengths - 1, 0)
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
@@ -286,7 +302,9 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
     if role == "target":
       def verify(carry, i, k=k):
         cache, block = carry
-        logits, _, cache = obj.apply(block, cache, start)
+        # Tokens that change with i: with a loop-invariant block XLA would hoist the
+        # first layer's projections out of the timed loop.
+        logits, _, cache = obj.apply((block + i) % vocab_size, cache, start)
         if not greedy:  # sampled rounds also build the processed distribution
           logits = sampling.probabilities(logits, params)
         # Reduce over the whole vocabulary, as acceptance does: a slice of the logits
