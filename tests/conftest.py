@@ -71,6 +71,16 @@ def assert_greedy_match(target, prompts, expected, got, tol=1e-4):
         f"expected {expected[b]}\ngot      {got[b]}")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drop each test module's compiled programs when it ends. One process compiles
+  thousands of XLA CPU executables over the suite; each maps its own code pages, and
+  left alive together they can reach the kernel's limit on memory maps and abort a
+  later compile."""
+  yield
+  jax.clear_caches()
+
+
 @pytest.fixture(scope="session")
 def target():
   return jspec.models.init(tiny_config(), seed=0)
