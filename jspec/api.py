@@ -24,6 +24,7 @@ from jspec import decode, dynamic, sharding
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.sampling import SamplingParams
+from jspec.tree import Tree
 
 PROMPT_BUCKET_MIN = 16
 CACHE_BUCKET = 128
@@ -66,10 +67,10 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
               prompt_lengths, cache_length, mesh, rules)
 
 
-def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, max_new_tokens,
+def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
-                         rules=None) -> GenerateOutput:
+                         rules=None, tree: Tree | None = None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
@@ -83,9 +84,25 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, m
   inside the loop from the running acceptance and per-call costs measured at this
   batch size (`jspec.dynamic`; cached on disk). When no K can beat plain decoding
   at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
-  decoding. `rounds_by_k` in the output says which K ran how often.
+  decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
+
+  tree: a `jspec.Tree` to verify a static draft tree of N nodes per round instead
+  of a chain (the drafter needs `propose_tree`: Medusa, EAGLE, a draft model).
+  `num_draft_tokens` may then be omitted; if given it must equal the tree's depth.
+  The cache needs N slots of slack instead of K + 1. Tree decoding moves accepted
+  K/V along the cache's slot axis, so the target must declare its cache axes
+  (`Model.axes_fn`; every model in `jspec.models` does).
   """
   K = num_draft_tokens
+  if tree is not None:
+    if not isinstance(tree, Tree):
+      raise TypeError(f"tree must be a jspec.Tree, got {type(tree).__name__}")
+    if K is not None and (isinstance(K, (str, dynamic.AutoK)) or K != tree.max_depth):
+      raise ValueError(f"num_draft_tokens={K!r} conflicts with the tree, whose depth is "
+                       f"{tree.max_depth}: omit it when passing a tree")
+    K = tree.max_depth
+  elif K is None:
+    K = 4
   if isinstance(K, str) and K == "auto":
     K = dynamic.AutoK()
   if isinstance(K, dynamic.AutoK):
@@ -101,15 +118,26 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=4, m
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
                      f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
+  if tree is not None:
+    if not hasattr(drafter, "propose_tree"):
+      raise TypeError(f"{type(drafter).__name__} cannot draft trees (it has no propose_tree); "
+                      f"use a chain (num_draft_tokens) or a tree drafter")
+    if sharding.model_axes(target) is None:
+      raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
+                       "the slot axis of its K/V buffers")
+  if isinstance(K, dynamic.AutoK) and decode.uses_features(drafter):
+    raise ValueError(f"num_draft_tokens='auto' does not support {type(drafter).__name__}: it "
+                     f"reads the target's hidden states, which rounds without drafting do not "
+                     f"keep; pass a fixed K")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
-              seed, prompt_lengths, cache_length, mesh, rules)
+              seed, prompt_lengths, cache_length, mesh, rules, tree)
 
 
 # ----------------------------------------------------------------------------- host side
 
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-         prompt_lengths, cache_length, mesh, rules) -> GenerateOutput:
+         prompt_lengths, cache_length, mesh, rules, tree=None) -> GenerateOutput:
   auto = K if isinstance(K, dynamic.AutoK) else None
   if auto is not None:
     K = auto.max_k
@@ -130,7 +158,8 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   eos = _eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = _seeds(seed, B)
 
-  needed = int(lengths.max()) + int(max_new.max()) + K + 1
+  block = K + 1 if tree is None else tree.num_nodes  # slots one verify block needs
+  needed = int(lengths.max()) + int(max_new.max()) + block
   if target.max_length is not None and int(lengths.max()) + int(max_new.max()) > target.max_length:
     raise ValueError(
         f"longest prompt ({int(lengths.max())}) + max_new_tokens ({int(max_new.max())}) exceeds "
@@ -142,7 +171,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     if S < needed:
       raise ValueError(
           f"cache_length {S} is too small: the longest prompt ({int(lengths.max())}) + "
-          f"max_new_tokens ({int(max_new.max())}) + num_draft_tokens ({K}) + 1 = {needed} slots "
+          f"max_new_tokens ({int(max_new.max())}) + a verify block of {block} = {needed} slots "
           f"are needed")
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   tokens = tokens[:, :S]
@@ -167,7 +196,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     else:
       auto = dataclasses.replace(auto, choices=choices, costs=None)  # costs go in traced
       K = max(choices)
-  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout)
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout, tree=tree)
   tokens_, lengths_, max_new_, seeds_ = rows[:4]
   params = None
   if not greedy:

@@ -23,6 +23,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jspec import sampling
@@ -94,6 +95,48 @@ class DraftModel:
       return drafts, None, cache
     q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
     return drafts, q, cache
+
+  def propose_tree(self, cache, context: DraftContext, tree, params, keys):
+    """`Drafter.propose_tree`: node i's token is the ranks[i]-th most likely token
+    of the draft's distribution at its parent (SpecInfer-style expansion).
+
+    The accepted path of the previous round sits at scattered tree slots in the
+    draft's cache, so a catch-up call first re-feeds the last D+1 committed
+    tokens (slots L-2-D .. L-2: at most D of them were accepted drafts). Then one
+    call per depth feeds the tree so far, root at slot L-1, with the ancestor mask
+    (the contract shows a block every slot before it, so a level cannot be fed on
+    its own without seeing its parents' siblings). Ranks do not depend on
+    temperature, so `params` and `keys` are unused.
+
+    Returns candidates [B, N-1] int32 and the updated cache.
+    """
+    del params, keys
+    L = context.lengths
+    S = context.tokens.shape[1]
+    D, N = tree.max_depth, tree.num_nodes
+    W = D + 1
+    with jax.named_scope("draft_tree"):
+      s = jnp.clip(L - 1 - W, 0, S - W)
+      recent = jax.vmap(lambda row, st: lax.dynamic_slice(row, (st,), (W,)))(context.tokens, s)
+      _, _, cache = self.model.apply(recent, cache, s)
+      root_slot = jnp.maximum(L - 1, 0)
+      root = jnp.take_along_axis(context.tokens, root_slot[:, None], axis=1)  # [B, 1]
+      nodes = jnp.concatenate([root, jnp.zeros((L.shape[0], N - 1), jnp.int32)], axis=1)
+      levels = tree.level_slices
+      ranks = np.asarray(tree.ranks)
+      for d in range(1, D + 1):
+        _, stop = levels[d - 1]
+        logits, _, cache = self.model.apply(
+            nodes[:, :stop], cache, root_slot,
+            block_mask=jnp.asarray(tree.ancestors[:stop, :stop]),
+            depth=jnp.asarray(tree.depths[:stop]))
+        lo, hi = levels[d]
+        width = int(ranks[lo:hi].max()) + 1
+        _, top = lax.top_k(logits, width)  # [B, stop, width]
+        parents = np.asarray(tree.parents[lo:hi])
+        picked = top[:, parents, ranks[lo:hi]].astype(jnp.int32)  # [B, hi-lo]
+        nodes = nodes.at[:, lo:hi].set(picked)
+    return nodes[:, 1:], cache
 
   def sync(self, cache, context: DraftContext, synced, chunk: int = SYNC_CHUNK):
     """Feed the committed tokens the draft missed while it was not called.

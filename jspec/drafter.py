@@ -18,6 +18,17 @@ A drafter is a pytree (its params are leaves, its settings static) with:
         since acceptance then needs no [B, K, V] array. With params None the
         loop accepts by argmax and ignores q.
 
+Two optional extensions:
+
+    uses_features = True (class attribute)
+        the drafter reads the target's final hidden states (Medusa, EAGLE):
+        `init` takes a fourth argument, the prefill's hidden states [B, P-1, D],
+        and every `DraftContext` carries `features` / `feature_start`.
+    propose_tree(state, context, tree, params, keys) -> (candidates, state)
+        candidates [B, N-1] int32: the token of each non-root node of the static
+        `jspec.tree.Tree` (node i at column i-1), chosen deterministically (by
+        rank), so that tree acceptance is exact without draft probabilities.
+
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
 loop rewinds to the accepted prefix without telling it.
@@ -40,6 +51,11 @@ class DraftContext:
 
   tokens: jax.Array  # [B, S] int32 committed tokens t_0..t_{L-1}; scratch beyond
   lengths: jax.Array  # [B] int32 committed length L per row
+  # For drafters with `uses_features` (None otherwise): the target's final hidden
+  # states, entry j at slot feature_start[b] + j, valid for 0 <= slot <= L-2. The
+  # newest valid one, h_{L-2}, produced the logits that chose t_{L-1}.
+  features: jax.Array | None = None  # [B, F, D]
+  feature_start: jax.Array | None = None  # [B] int32
 
 
 class Drafter(Protocol):

@@ -1,0 +1,249 @@
+"""Tree verification: topologies, exact acceptance over a tree, K/V compaction.
+
+Exactness follows DESIGN.md: greedy tree output equals greedy baseline output (up
+to near-ties); the whole-sequence distribution of tree decoding at temperature 1,
+with two children per node, matches enumeration; after a tree round the target's
+cache equals the cache of feeding the accepted tokens as a chain.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from jspec import decode, tree as tree_lib
+from jspec.tree import Tree
+from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
+from reference import assert_counts_match, processed_probs
+
+BINARY = Tree.from_paths([(0, 0), (0, 1), (1, 0), (1, 1)])  # 7 nodes, 2 children per node
+WIDE = Tree.from_paths([(0, 0, 0), (0, 1), (1, 0), (2,), (0, 0, 1)])
+
+
+# ----------------------------------------------------------------------------- topology
+
+
+def test_topology_from_paths():
+  t = BINARY
+  assert t.parents == (-1, 0, 0, 1, 1, 2, 2) and t.ranks == (0, 0, 1, 0, 1, 0, 1)
+  np.testing.assert_array_equal(t.depths, [0, 1, 1, 2, 2, 2, 2])
+  assert t.max_depth == 2 and t.num_nodes == 7
+  assert t.level_slices == ((0, 1), (1, 3), (3, 7))
+  np.testing.assert_array_equal(t.children[0], [1, 2])
+  np.testing.assert_array_equal(t.children[2], [5, 6])
+  np.testing.assert_array_equal(t.children[4], [-1, -1])
+  # Node 6 = (1, 1): its path is root, node 2, node 6.
+  np.testing.assert_array_equal(np.flatnonzero(t.ancestors[6]), [0, 2, 6])
+  # Missing prefixes are added: (2,) implies nothing more, (0, 0, 1) needs (0,) and (0, 0).
+  assert WIDE.num_nodes == 9 and WIDE.max_depth == 3
+
+
+def test_chain_is_a_line():
+  t = Tree.chain(4)
+  assert t.parents == (-1, 0, 1, 2, 3) and t.max_depth == 4
+  assert np.array_equal(t.ancestors, np.tril(np.ones((5, 5), bool)))
+
+
+def test_best_first_expected_length():
+  acc = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]]
+  t = Tree.best_first(acc, 8)
+  assert t.num_nodes == 8
+  # Every chosen node is worth at least every node left out whose parent was chosen.
+  values = np.ones(t.num_nodes)
+  for i in range(1, t.num_nodes):
+    values[i] = values[t.parents[i]] * acc[t.depths[i] - 1][t.ranks[i]]
+  assert abs(t.expected_length(acc) - values.sum()) < 1e-12
+  for i in range(t.num_nodes):
+    if t.depths[i] < 3:
+      used = {t.ranks[c] for c in t.children[i] if c >= 0}
+      for r in set(range(3)) - used:
+        assert values[i] * acc[t.depths[i]][r] <= values[1:].min() + 1e-12
+  # A bigger budget never expects fewer tokens; the chain expects 1 + .6 + .3 + .12.
+  assert Tree.best_first(acc, 16).expected_length(acc) > t.expected_length(acc)
+  assert abs(Tree.chain(3).expected_length(acc) - (1 + 0.6 + 0.3 + 0.12)) < 1e-12
+
+
+@pytest.mark.parametrize("parents,ranks,match", [
+    ((0, 0), (0, 0), "parents\\[0\\] must be -1"),
+    ((-1,), (0,), "at least one candidate"),
+    ((-1, 0, 0), (0, 0, 0), "already has a child of rank 0"),
+    ((-1, 0, 2), (0, 0, 0), "parent 2 must lie"),
+    ((-1, 0, 1, 0), (0, 0, 0, 1), "ordered by depth"),
+    ((-1, 0), (0, -1), "rank -1"),
+])
+def test_bad_topologies(parents, ranks, match):
+  with pytest.raises(ValueError, match=match):
+    Tree(parents=parents, ranks=ranks)
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+
+def test_greedy_acceptance_takes_deepest_matching_path():
+  V = 8
+  argmax = np.array([3, 5, 1, 2, 6, 0, 4])  # target argmax at each node of BINARY
+  logits = jax.nn.one_hot(jnp.asarray(argmax)[None], V)
+  # Root's argmax is 3: node 2 (rank 1) holds 3, node 1 does not; under node 2 the
+  # argmax is 1, held by node 6.
+  cands = jnp.asarray([[4, 3, 0, 0, 7, 1]], jnp.int32)
+  node, nxt = tree_lib.accept_greedy(logits, cands, BINARY)
+  assert int(node[0]) == 6 and int(nxt[0]) == argmax[6]
+  np.testing.assert_array_equal(tree_lib.path_nodes(node, BINARY)[0], [0, 2, 6])
+  # Nothing matches: the root's argmax comes next, path is the root alone.
+  node, nxt = tree_lib.accept_greedy(logits, jnp.asarray([[0, 1, 0, 0, 0, 0]]), BINARY)
+  assert int(node[0]) == 0 and int(nxt[0]) == 3
+  np.testing.assert_array_equal(tree_lib.path_nodes(node, BINARY)[0], [0, 1, 2])
+
+
+def test_sampled_acceptance_first_token_follows_p():
+  """Whatever the candidates, the first emitted token follows the root's p, and the
+  second follows p at the accepted child given the first."""
+  V, rows = 5, 40_000
+  rng = np.random.default_rng(0)
+  p = rng.dirichlet(np.ones(V), size=BINARY.num_nodes).astype(np.float32)  # [N, V]
+  cands = np.array([1, 3, 0, 2, 4, 1], np.int32)  # children of root: 1 and 3
+  P = jnp.broadcast_to(jnp.asarray(p)[None], (rows, BINARY.num_nodes, V))
+  C = jnp.broadcast_to(jnp.asarray(cands)[None], (rows, BINARY.num_nodes - 1))
+  keys = jax.vmap(jax.random.key)(jnp.arange(rows, dtype=jnp.int32))
+  node, nxt = jax.jit(tree_lib.accept_sampled, static_argnums=2)(P, C, BINARY, keys)
+  node, nxt = np.asarray(node), np.asarray(nxt)
+  tokens = np.concatenate([[0], cands])
+  depth_one = np.where(node <= 2, node, np.asarray(BINARY.parents)[node])  # depth-1 ancestor
+  first = np.where(node == 0, nxt, tokens[depth_one])
+  assert_counts_match(np.bincount(first, minlength=V), p[0].astype(np.float64), "first token")
+  # Given the first token was child 1's token (1), the second follows p at node 1.
+  sel = (node == 1) | (node == 3) | (node == 4)
+  second = np.where(node[sel] == 1, nxt[sel], tokens[node[sel]])
+  assert_counts_match(np.bincount(second, minlength=V), p[1].astype(np.float64), "second token")
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@pytest.fixture(scope="module")
+def gqa_target():
+  return jspec.models.init(tiny_config(), seed=0)
+
+
+@pytest.mark.parametrize("topology", [Tree.chain(3), BINARY, WIDE], ids=["chain3", "binary", "wide"])
+@pytest.mark.parametrize("batch,kv_heads", [(1, 2), (3, 4)], ids=["b1-gqa", "b3-mha"])
+def test_greedy_tree_equals_baseline(topology, batch, kv_heads):
+  target = jspec.models.init(tiny_config(kv_heads=kv_heads), seed=0)
+  draft = perturbed(target, 0.2, seed=7)
+  prompts = ragged_prompts(batch, 64, seed=batch + 10 * kv_heads)
+  base = jspec.generate(target, prompts, max_new_tokens=24)
+  spec = jspec.speculative_generate(target, draft, prompts, tree=topology, max_new_tokens=24)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+  np.testing.assert_array_equal(spec.lengths, 24)
+  hist = np.asarray(spec.stats.accept_hist)
+  assert hist.shape == (topology.max_depth + 1,) and hist[1:].sum() > 0, hist
+  assert int(hist.sum()) == int(np.sum(spec.stats.target_calls))
+
+
+def test_tree_accepts_more_than_its_chain(gqa_target):
+  """Second choices rescue rounds where the draft's argmax is wrong: the binary tree
+  emits more tokens per target call than the depth-2 chain on the same prompts."""
+  draft = perturbed(gqa_target, 0.6, seed=5)
+  prompts = ragged_prompts(8, 64, seed=3)
+  tau = {}
+  for name, t in (("chain", Tree.chain(2)), ("tree", BINARY)):
+    out = jspec.speculative_generate(gqa_target, draft, prompts, tree=t, max_new_tokens=32)
+    tau[name] = float(np.sum(out.lengths) / np.sum(out.stats.target_calls))
+  assert tau["tree"] > tau["chain"], tau
+
+
+def test_compaction_equals_chain_prefill(gqa_target):
+  """After a tree round, the target cache for every committed slot but the last
+  equals the cache of feeding the committed tokens as a plain chain."""
+  target = gqa_target
+  draft = perturbed(target, 0.2, seed=1)
+  drafter = jspec.DraftModel(draft)
+  prompts = ragged_prompts(4, 64, seed=11, min_len=5)
+  B, P = len(prompts), max(len(p) for p in prompts)
+  tokens = np.zeros((B, P), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+  S = 64
+  config = decode.DecodeConfig(num_draft_tokens=WIDE.max_depth, cache_length=S, tree=WIDE)
+
+  @jax.jit
+  def rounds(tokens):
+    state = decode.init_state(target, drafter, tokens, lengths, jnp.full((B,), 20, jnp.int32),
+                              None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
+                              config)
+    for _ in range(3):
+      state = decode.decode_round(target, drafter, state, config)
+    return state
+
+  state = rounds(jnp.asarray(tokens))
+  L = np.asarray(state.lengths)
+  assert np.asarray(state.stats.accepted).sum() > 0  # some paths went past the root
+  chain = target.init_cache(B, S)
+  _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
+      state.tokens[:, :int(L.max()) - 1], chain)
+  for name in ("k", "v"):
+    got, want = np.asarray(state.target_cache[name]), np.asarray(chain[name])
+    slot_axis = 3 if name == "k" else 4
+    for b in range(B):
+      idx = np.arange(L[b] - 1)
+      np.testing.assert_allclose(np.take(got[:, b], idx, axis=slot_axis - 1),
+                                 np.take(want[:, b], idx, axis=slot_axis - 1),
+                                 rtol=1e-5, atol=1e-5, err_msg=f"{name} row {b}")
+
+
+# ----------------------------------------------------------------------------- distribution
+
+V = 6
+NEW = 3
+ROWS = 20_000
+PROMPT = [1, 4]
+
+
+def exact_distribution(model):
+  pairs = list(itertools.product(range(V), repeat=NEW - 1))
+  seqs = jnp.asarray([PROMPT + list(x) for x in pairs], jnp.int32)
+  logits = np.asarray(model.logits(seqs), np.float64)
+  P = len(PROMPT)
+  probs = np.zeros((V,) * NEW)
+  for row, (x1, x2) in enumerate(pairs):
+    p1, p2, p3 = (processed_probs(logits[row, P - 1 + i], 1.0, 0) for i in range(3))
+    probs[x1, x2, :] = p1[x1] * p2[x2] * p3
+  return probs.reshape(-1)
+
+
+def test_tree_whole_sequence_distribution():
+  """Temperature 1, two children per node: every emitted 3-token sequence follows
+  the target's distribution, bin by bin over all 216 sequences."""
+  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
+  target, draft = jspec.models.init(config, seed=21), jspec.models.init(config, seed=22)
+  exact = exact_distribution(target)
+  out = jspec.speculative_generate(target, draft, [PROMPT] * ROWS, tree=BINARY,
+                                   max_new_tokens=NEW, temperature=1.0, seed=7)
+  hist = np.asarray(out.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
+  tokens = np.asarray(out.tokens)
+  assert tokens.shape == (ROWS, NEW) and np.all(tokens >= 0)
+  codes = (tokens[:, 0] * V + tokens[:, 1]) * V + tokens[:, 2]
+  assert_counts_match(np.bincount(codes, minlength=V ** NEW), exact, "tree")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_tree_errors(gqa_target):
+  prompts = [[1, 2, 3]]
+  with pytest.raises(ValueError, match="conflicts with the tree"):
+    jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=BINARY, num_draft_tokens=4,
+                               max_new_tokens=4)
+  with pytest.raises(TypeError, match="cannot draft trees"):
+    jspec.speculative_generate(gqa_target, jspec.NGram(vocab_size=64), prompts, tree=BINARY,
+                               max_new_tokens=4)
+  with pytest.raises(TypeError, match="jspec.Tree"):
+    jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=(0, 1), max_new_tokens=4)
+  with pytest.raises(ValueError, match="verify block of 7"):
+    jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=BINARY, max_new_tokens=4,
+                               cache_length=12)
