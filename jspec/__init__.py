@@ -6,7 +6,7 @@ run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
 """
 
-from jspec import acceptance, decode, sampling, sharding
+from jspec import acceptance, decode, sampling, sharding, tree
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
 from jspec.dynamic import AutoK
@@ -19,6 +19,7 @@ from jspec.ngram import NGram
 from jspec.sampling import SamplingParams
 from jspec.text import generate_text
 from jspec.tokenizer import Tokenizer
+from jspec.tree import Tree
 
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
 from jspec import linen, nnx  # noqa: E402  (Flax adapters: Linen modules, NNX state in jit)
@@ -39,6 +40,7 @@ __all__ = [
     "NGram",
     "SamplingParams",
     "Tokenizer",
+    "Tree",
     "acceptance",
     "decode",
     "generate",
@@ -51,4 +53,5 @@ __all__ = [
     "sharding",
     "save",
     "speculative_generate",
+    "tree",
 ]

@@ -6,6 +6,7 @@ with two children per node, matches enumeration; after a tree round the target's
 cache equals the cache of feeding the accepted tokens as a chain.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -247,3 +248,88 @@ def test_tree_errors(gqa_target):
   with pytest.raises(ValueError, match="verify block of 7"):
     jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=BINARY, max_new_tokens=4,
                                cache_length=12)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Recorder:
+  """A drafter that reads target features: it files every valid feature it is shown
+  under its slot, and drafts the token that follows in a fixed text."""
+
+  text: jax.Array  # [S] int32 the drafts come from here
+  vocab_size: int = dataclasses.field(default=64, metadata=dict(static=True))
+  uses_features = True
+
+  def init(self, tokens, prompt_lengths, cache_length, features):
+    B, P = tokens.shape
+    seen = jnp.zeros((B, cache_length, features.shape[-1]), jnp.float32)
+    # Prompt features: slots 0..P-2, valid below prompt_lengths - 1.
+    slots = jnp.arange(P - 1)[None, :]
+    ok = slots < (prompt_lengths - 1)[:, None]
+    return seen.at[:, :P - 1].set(jnp.where(ok[..., None], features, 0.0))
+
+  def _file(self, seen, context):
+    F = context.features.shape[1]
+    slots = context.feature_start[:, None] + jnp.arange(F)[None, :]  # [B, F]
+    ok = (slots >= 0) & (slots <= (context.lengths - 2)[:, None])
+    S = seen.shape[1]
+    where = jnp.where(ok, slots, S)  # out of range: dropped
+    return jax.vmap(lambda row, pos, val: row.at[pos].set(val, mode="drop"))(
+        seen, where, context.features)
+
+  def propose(self, seen, context, num_drafts, params, keys):
+    seen = self._file(seen, context)
+    idx = jnp.minimum(context.lengths[:, None] + jnp.arange(num_drafts)[None, :],
+                      self.text.shape[0] - 1)
+    return jnp.take(self.text, idx), None, seen
+
+  def propose_tree(self, seen, context, tree, params, keys):
+    seen = self._file(seen, context)
+    depth = jnp.asarray(tree.depths[1:])[None, :]
+    idx = jnp.minimum(context.lengths[:, None] - 1 + depth, self.text.shape[0] - 1)
+    rank = jnp.asarray(tree.ranks[1:])[None, :]
+    return (jnp.take(self.text, idx) + rank) % self.vocab_size, seen
+
+
+@pytest.mark.parametrize("topology", [None, BINARY], ids=["chain", "tree"])
+def test_features_reach_the_drafter(gqa_target, topology):
+  """Every target hidden state a feature drafter is shown is the full forward's
+  hidden state at that slot, and every committed slot is shown at least once."""
+  target = gqa_target
+  prompts = ragged_prompts(3, 64, seed=5, min_len=2)
+  base = jspec.generate(target, prompts, max_new_tokens=20)
+  # Drafting the target's own greedy text makes most drafts land.
+  text = np.asarray(base.tokens)[0]
+  B, P = len(prompts), max(len(p) for p in prompts)
+  tokens = np.zeros((B, P), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+  rec = _Recorder(text=jnp.asarray(np.concatenate([tokens[0, :len(prompts[0])], text]), jnp.int32))
+  K = 3 if topology is None else topology.max_depth
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=64, tree=topology)
+
+  @jax.jit
+  def run(tokens):
+    state = decode.init_state(target, rec, tokens, lengths, jnp.full((B,), 20, jnp.int32),
+                              None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
+                              config)
+    state = decode.decode_loop(target, rec, state, config)
+    return state
+
+  state = run(jnp.asarray(tokens))
+  assert np.asarray(state.stats.accepted)[0] > 0
+  L = np.asarray(state.lengths)
+  _, hidden, _ = jax.jit(lambda t: target.apply(t, None, jnp.zeros((B,), jnp.int32)))(
+      state.tokens[:, :int(L.max())])
+  seen, hidden = np.asarray(state.drafter_state), np.asarray(hidden)
+  for b in range(B):
+    # The last round's features were never shown (no round followed): slots up to
+    # the start of the final round's block.
+    shown = np.flatnonzero(np.any(seen[b] != 0, axis=-1))
+    assert shown.size >= L[b] - 1 - (K + 1), (b, shown.size, L[b])
+    np.testing.assert_array_equal(shown, np.arange(shown.size))  # no gaps
+    np.testing.assert_allclose(seen[b, shown], hidden[b, shown], rtol=1e-4, atol=1e-4)
