@@ -360,8 +360,13 @@ def plot(report: dict, out_dir: str) -> list[str]:
 
 
 def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | None = None,
-        sections=("k_sweep", "batch_sweep", "tasks", "floor", "transformers")) -> dict:
-  """Every section in one process; writes bench.json and the figures to out_dir."""
+        sections=("k_sweep", "batch_sweep", "tasks", "floor", "transformers"),
+        self_drafters: dict | None = None) -> dict:
+  """Every section in one process; writes bench.json and the figures to out_dir.
+
+  self_drafters: {name: drafter} for the "heads" section (`jspec.bench_heads`), e.g.
+  the shipped Medusa and EAGLE heads; the draft model always takes part.
+  """
   drafters = {"draft": DraftModel(draft), "ngram": NGram(vocab_size=target.vocab_size)}
   tasks = task_prompts(target, heldout, max(max(s.batches), 8))
   report = {"settings": dataclasses.asdict(s), "backend": jax.default_backend(),
@@ -377,6 +382,14 @@ def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | 
   if "tasks" in sections:
     print("restating and sampled tasks, batch 1", flush=True)
     report["tasks"] = task_runs(target, drafters, tasks, s)
+  if "heads" in sections:
+    from jspec import bench_heads
+    print("self-drafting heads against the draft model, chains and trees, batch 1", flush=True)
+    hd = {"draft": DraftModel(draft), **(self_drafters or {})}
+    depth = {n: d.num_heads for n, d in hd.items() if hasattr(d, "num_heads")}
+    report["heads"] = bench_heads.heads(target, hd, code1, k=s.k,
+                                        max_new_tokens=s.max_new_tokens, repeats=s.repeats,
+                                        max_depth=depth)
   if "floor" in sections and "k_sweep" in report:
     base = 1.0 / report["k_sweep"]["baseline_tokens_per_s"]
     report["floor"] = floor(target, base)
@@ -436,6 +449,9 @@ def summary(report: dict) -> str:
   for task, row in report.get("tasks", {}).items():
     lines.append(f"{task}, batch 1: " + ", ".join(
         f"{n} {r['speedup']:.2f}x (tau {r['tau']:.2f})" for n, r in row["rows"].items()))
+  if "heads" in report:
+    from jspec import bench_heads
+    lines.append(bench_heads.summary(report["heads"]))
   fl = report.get("floor")
   if fl:
     lines.append(f"floor: {fl['weight_bytes'] / 1e6:.1f} MB of weights at "

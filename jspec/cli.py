@@ -219,7 +219,9 @@ def bench(args) -> int:
   target = shipped.load(shipped.TARGET, path=path)
   draft = shipped.load(shipped.DRAFT, path=path)
   sections = tuple(x for x in args.sections.split(",") if x)
-  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections)
+  heads = shipped.load_heads(target, path=path) if "heads" in sections else None
+  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections,
+                         self_drafters=heads)
   print(bench_lib.summary(report))
   print(f"wrote {os.path.join(args.out, 'bench.json')} and {len(report['figures'])} figures")
   return 0
@@ -302,7 +304,8 @@ def main(argv=None) -> int:
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                  help="gpu: larger random-init models, verify cost against decode cost")
   p.add_argument("--sections", default="k_sweep,batch_sweep,tasks,floor,transformers",
-                 help="which parts to run (comma-separated)")
+                 help="which parts to run (comma-separated; also: heads, the Medusa / EAGLE / "
+                      "draft-model chains and trees)")
   p.add_argument("--no-transformers", action="store_true",
                  help="skip the PyTorch transformers comparison")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")

@@ -3,6 +3,8 @@
     code-target       5.3M-parameter decoder trained on the CPython standard library
     code-draft        1.5M-parameter draft, distilled from code-target (DistillSpec)
     code-draft-text   the same draft trained on text only (the undistilled baseline)
+    code-medusa       Medusa heads for code-target (jspec.medusa)
+    code-eagle        an EAGLE head for code-target (jspec.eagle)
     heldout.npz       held-out evaluation windows and prompts (token ids)
     demo_prompts.json held-out code prompts as text
 
@@ -20,6 +22,7 @@ import os
 import numpy as np
 
 TARGET, DRAFT, DRAFT_TEXT = "code-target", "code-draft", "code-draft-text"
+MEDUSA, EAGLE = "code-medusa", "code-eagle"
 ENV_VAR = "JSPEC_CHECKPOINTS"
 
 
@@ -44,6 +47,21 @@ def load(name: str = TARGET, dtype="float32", path: str | None = None):
   from jspec import checkpoint
 
   return checkpoint.load(os.path.join(checkpoints_dir(path), name), dtype=dtype)
+
+
+def load_heads(target, names=(MEDUSA, EAGLE), path: str | None = None) -> dict:
+  """The shipped self-drafting heads for `target` (the shipped code-target) as drafters,
+  {"medusa": jspec.Medusa, "eagle": jspec.Eagle}, for those present."""
+  from jspec import eagle, medusa
+
+  loaders = {MEDUSA: ("medusa", medusa.load_medusa), EAGLE: ("eagle", eagle.load_eagle)}
+  root = checkpoints_dir(path)
+  out = {}
+  for name in names:
+    key, load_fn = loaders[name]
+    if os.path.isdir(os.path.join(root, name)):
+      out[key] = load_fn(os.path.join(root, name), target)
+  return out
 
 
 def manifest(name: str = TARGET, path: str | None = None) -> dict:
