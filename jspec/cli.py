@@ -321,8 +321,25 @@ def main(argv=None) -> int:
   p.add_argument("src", metavar="NATIVE_DIR")
   p.add_argument("out", metavar="OUT_DIR")
   p.set_defaults(func=export_hf)
+  for name, module in (("train-medusa", "train_medusa"), ("train-eagle", "train_eagle")):
+    what = "Medusa heads" if name == "train-medusa" else "an EAGLE head"
+    p = sub.add_parser(name, add_help=False,
+                       help=f"train {what} on a frozen target (shipped code-target by default); "
+                            f"`jspec {name} --help` lists the options")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=(lambda module: lambda args: _train_heads(module, args.rest))(module))
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and argv[0] in ("train-medusa", "train-eagle"):  # their options are the modules' own
+    return _train_heads(argv[0].replace("-", "_"), argv[1:])
   args = parser.parse_args(argv)
   return args.func(args)
+
+
+def _train_heads(module: str, argv) -> int:
+  """`jspec train-medusa` / `train-eagle`: the training modules' own command lines."""
+  import importlib
+
+  return importlib.import_module(f"jspec.models.{module}").main(argv)
 
 
 if __name__ == "__main__":
