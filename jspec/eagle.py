@@ -1,0 +1,643 @@
+"""EAGLE: a one-layer head that drafts in the target's feature space (Li et al. 2024).
+
+The head reads the target's own final hidden state (its "feature") and predicts
+the next one; the target's frozen LM head turns predicted features into draft
+distributions, and the target's frozen token embedding feeds the tokens back in:
+
+    pair at slot j:   (h_{j-1}, e(t_j))       h_{-1} = 0 for slot 0
+    x_j  = fc([h_{j-1}; e(t_j)])              fc: [2D, D] + bias
+    f^_j = decoder_layer(x_j | pairs at slots <= j)   ~ h_j
+    logits(f^_j) = LM_head(f^_j)              predicts t_{j+1}
+
+The decoder layer is the target family's (RMSNorm pre-norm, RoPE, GQA, SwiGLU),
+with its own K/V cache of one layer, [B, Hkv, S, Dh] and [B, Hkv, Dh, S].
+
+Decode-state invariant: at the start of `propose` the cache holds the true pairs
+for slots <= feature_start (everything before the catch-up block); anything past
+that is scratch. A chain round (K drafts):
+
+    catch-up, one call:  pairs (h_{fs+j}, e(t_{fs+1+j})), j < F, at slots fs+1 .. fs+F
+                         -> f^_{L-1} (entry L-1-(fs+1))  -> d_1
+    step i = 1..K-1:     pair (f^_{L-2+i}, e(d_i)) at slot L-1+i  -> f^_{L-1+i} -> d_{i+1}
+
+Catch-up entries past the newest valid feature (h_{L-2}) write scratch slots,
+which the next catch-up overwrites before anything attends to them: the next
+round starts at fs' = L0 - 1, one slot past the last trusted one. The steps
+feed predicted features into slots the verify round may commit; the next
+catch-up replaces those with the target's own.
+
+Tree rounds (`propose_tree`) run the same catch-up, then draft level by level:
+node i sits at slot L-1+i with RoPE position L-1+depth(i) and sees the committed
+prefix (slots < L-1) and its own ancestors; its token is the ranks[i]-th most
+likely token of the distribution at its parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jspec import sampling
+from jspec.model import Model
+from jspec.models import layers
+
+FORMAT = "jspec-eagle"
+FORMAT_VERSION = 1
+CONFIG_FILE = "eagle_config.json"
+PARAMS_DIR = "params"
+
+
+# ----------------------------------------------------------------------------- config and params
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """Shape and constants of an EAGLE head (Hugging Face-style names)."""
+
+  hidden_size: int  # D, must equal the target's
+  vocab_size: int  # V, must equal the target's
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  intermediate_size: int
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  initializer_range: float = 0.02
+
+  def __post_init__(self):
+    for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "intermediate_size"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"EagleConfig.{name} must be an integer >= 1, got {value!r}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                       f"num_key_value_heads ({self.num_key_value_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+  @classmethod
+  def for_target(cls, target_config, **overrides) -> "EagleConfig":
+    """The head config that copies one layer of a `TransformerConfig` target."""
+    c = _transformer_config(target_config)
+    fields = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                  num_attention_heads=c.num_attention_heads,
+                  num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                  intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
+                  rope_theta=c.rope_theta, initializer_range=c.initializer_range)
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_dict(self) -> dict:
+    """JSON-ready fields; `from_dict` inverts it."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, fields: dict) -> "EagleConfig":
+    """Build from `to_dict` output; unknown fields are an error (a file from elsewhere)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+      raise ValueError(f"unknown EagleConfig fields {unknown}")
+    return cls(**fields)
+
+
+def param_shapes(config: EagleConfig) -> dict:
+  """The head's params tree as shapes (what `init_params` builds)."""
+  D, F = config.hidden_size, config.intermediate_size
+  H, Hkv, Dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+  return {
+      "fc": {"kernel": (2 * D, D), "bias": (D,)},
+      "layer": {
+          "attn_norm": {"scale": (D,)},
+          "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh), "wo": (H, Dh, D),
+          "mlp_norm": {"scale": (D,)},
+          "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
+      },
+  }
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def init_params(config: EagleConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+  """Random head params: normal(0, initializer_range) matrices, zero bias, unit norms."""
+  shapes = param_shapes(config)
+  is_shape = lambda x: isinstance(x, tuple)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_shape)
+  sizes = [int(np.prod(shape)) for _, shape in flat]
+  # One draw for every matrix: a single random op compiles in a fraction of the time.
+  noise = config.initializer_range * jax.random.normal(key, (sum(sizes),), jnp.float32)
+  leaves, offset = [], 0
+  for (path, shape), size in zip(flat, sizes):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      leaves.append(jnp.ones(shape, dtype))
+    elif "bias" in name:
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      leaves.append(noise[offset:offset + size].reshape(shape).astype(dtype))
+    offset += size
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def check_params(params: Any, config: EagleConfig, where: str = "head params") -> None:
+  """Raise ValueError naming the first missing, extra or misshapen tensor."""
+  want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(
+      param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))[0]}
+  try:
+    got = {jax.tree_util.keystr(p): tuple(np.shape(x))
+           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  except Exception as e:  # noqa: BLE001 (anything unflattenable is a bad input)
+    raise ValueError(f"{where}: not a params tree: {e}") from e
+  missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+  if missing or extra:
+    raise ValueError(f"{where} do not match the EAGLE config: missing tensors {missing}, "
+                     f"unexpected tensors {extra}")
+  for key, shape in want.items():
+    if got[key] != shape:
+      raise ValueError(f"{where}: tensor {key} has shape {got[key]}, but the EAGLE config "
+                       f"(hidden {config.hidden_size}, heads {config.num_attention_heads}/"
+                       f"{config.num_key_value_heads}x{config.head_dim}, mlp "
+                       f"{config.intermediate_size}) gives {shape}")
+
+
+def _transformer_config(config):
+  from jspec.models.transformer import TransformerConfig
+
+  if not isinstance(config, TransformerConfig):
+    raise TypeError(f"EAGLE needs a target whose config is a jspec.models.TransformerConfig "
+                    f"(to find its LM head and embedding), got {type(config).__name__}")
+  return config
+
+
+def target_head(target: Model) -> tuple[jax.Array, jax.Array | None]:
+  """The target's token embedding [V, D] and untied LM head [D, V] (None when tied)."""
+  if not isinstance(target, Model):
+    raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+  c = _transformer_config(target.config)
+  params = target.params
+  embed = params["embed"]
+  lm_head = None if c.tie_word_embeddings else params["lm_head"]
+  return embed, lm_head
+
+
+# ----------------------------------------------------------------------------- the head
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Eagle:
+  """An EAGLE drafter: head params plus the target's frozen embedding and LM head.
+
+  A pytree (params, embedding and LM head are leaves; shapes and constants
+  static), usable as a `jspec` drafter with target features (`uses_features`).
+  """
+
+  params: Any  # head params (see `param_shapes`)
+  embed: jax.Array  # [V, D] the target's token embedding (frozen)
+  lm_head: jax.Array | None  # [D, V] the target's LM head; None: tied to `embed`
+  config: EagleConfig = dataclasses.field(metadata=dict(static=True))
+  embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
+  final_logit_softcapping: float | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+
+  uses_features = True  # the decode loop passes target hidden states (not a field)
+
+  @classmethod
+  def from_target(cls, target: Model, head_params, config: EagleConfig | None = None) -> "Eagle":
+    """Attach head params to `target`'s embedding and LM head (shared, not copied).
+
+    config: the head's `EagleConfig`; None derives it from the target (one of its layers).
+    """
+    embed, lm_head = target_head(target)
+    c = target.config
+    if config is None:
+      config = EagleConfig.for_target(c)
+    if config.hidden_size != c.hidden_size or config.vocab_size != c.vocab_size:
+      raise ValueError(f"EAGLE head (hidden {config.hidden_size}, vocab {config.vocab_size}) does "
+                       f"not fit the target (hidden {c.hidden_size}, vocab {c.vocab_size})")
+    check_params(head_params, config)
+    return cls(params=head_params, embed=embed, lm_head=lm_head, config=config,
+               embedding_multiplier=float(c.embedding_multiplier),
+               final_logit_softcapping=c.final_logit_softcapping)
+
+  @property
+  def vocab_size(self) -> int:
+    """V (the target's)."""
+    return int(self.config.vocab_size)
+
+  # ------------------------------------------------------------------ pieces
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """e(t) as the target computes it: tokens [B, T] -> [B, T, D]."""
+    x = jnp.take(self.embed, tokens, axis=0)
+    if self.embedding_multiplier != 1.0:
+      x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
+    return x
+
+  def logits(self, features: jax.Array) -> jax.Array:
+    """The target's LM head: features [B, T, D] -> f32 logits [B, T, V]."""
+    if self.lm_head is None:
+      out = jnp.einsum("btd,vd->btv", features.astype(self.embed.dtype), self.embed,
+                       preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("btd,dv->btv", features.astype(self.lm_head.dtype), self.lm_head,
+                       preferred_element_type=jnp.float32)
+    if self.final_logit_softcapping:
+      cap = self.final_logit_softcapping
+      out = jnp.tanh(out / cap) * cap
+    return out
+
+  def init_cache(self, batch: int, length: int, dtype=None) -> dict:
+    """Zeroed K/V of the head's one layer for `batch` rows of `length` slots (dtype: the
+    head's)."""
+    c = self.config
+    dtype = self.params["fc"]["kernel"].dtype if dtype is None else dtype
+    return {"k": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype),
+            "v": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype)}
+
+  def forward(self, params, features, tokens, cache, slots, positions, visible):
+    """The head on a block of pairs.
+
+    features [B, T, D] (h_{j-1} per pair), tokens [B, T] int32 (t_j);
+    slots [B, T] cache slots the pairs' K/V go to (>= S: dropped);
+    positions [B, T] RoPE positions; visible bool [B, T, S] (with a cache) or
+    [B, T, T] (cache None: attention inside the block only, for training).
+    Returns predicted features [B, T, D] and the cache.
+    """
+    return _forward(self.config, params, features, self.embed_tokens(tokens), cache, slots,
+                    positions, visible)
+
+  # ------------------------------------------------------------------ drafter protocol
+
+  def init(self, tokens, prompt_lengths, cache_length: int, features):
+    """`Drafter.init` with features: the head's cache with the prompt's pairs prefilled.
+
+    tokens [B, P] int32 right-padded; features [B, P-1, D] target hidden at slots
+    0..P-2. Slot j <= P-1 gets (h_{j-1}, e(t_j)); rows with shorter prompts get
+    scratch beyond their own, which catch-up blocks rewrite before use.
+    """
+    del prompt_lengths  # rows' excess slots are scratch under the invariant
+    B, P = tokens.shape
+    D = self.config.hidden_size
+    features = jnp.asarray(features)
+    if features.ndim != 3 or features.shape[:2] != (B, P - 1) or features.shape[2] != D:
+      raise ValueError(f"features must be [B, P-1, D] = [{B}, {P - 1}, {D}], got "
+                       f"{features.shape}")
+    cache = self.init_cache(B, cache_length)
+    feats = jnp.concatenate([jnp.zeros((B, 1, D), features.dtype), features], axis=1)
+    slots = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (B, P))
+    with jax.named_scope("eagle_prefill"):
+      _, cache = self.forward(self.params, feats,
+                              tokens.astype(jnp.int32), cache, slots, slots,
+                              _causal(slots, cache_length))
+    return cache
+
+  def _catch_up(self, cache, context):
+    """Feed the F pairs the features describe; returns f^_{L-1} [B, D] and the cache."""
+    feats = getattr(context, "features", None)
+    if feats is None or getattr(context, "feature_start", None) is None:
+      raise ValueError("EAGLE drafts from the target's features: the context needs `features` "
+                       "and `feature_start` (a decode loop that honours `uses_features`)")
+    B, F, D = feats.shape
+    if F < 1:
+      raise ValueError("EAGLE needs at least one feature entry per round (F >= 1)")
+    if D != self.config.hidden_size:
+      raise ValueError(f"features have width {D}, the head expects {self.config.hidden_size}")
+    L = context.lengths.astype(jnp.int32)
+    fs = context.feature_start.astype(jnp.int32)
+    S_tok = context.tokens.shape[1]
+    start = jnp.maximum(fs + 1, 0)  # slots below 0 do not exist: shift the block right
+    j = jnp.arange(F, dtype=jnp.int32)[None, :]
+    slots = start[:, None] + j  # [B, F]
+    entry = slots - 1 - fs[:, None]  # feature entry holding h_{slot-1}
+    valid = (slots >= 1) & (entry >= 0) & (entry < F)  # slot 0's pair has no feature (zeros)
+    f_in = jnp.take_along_axis(feats, jnp.clip(entry, 0, F - 1)[:, :, None], axis=1)
+    f_in = jnp.where(valid[:, :, None], f_in, jnp.zeros((), f_in.dtype))
+    toks = jnp.take_along_axis(context.tokens, jnp.clip(slots, 0, S_tok - 1), axis=1)
+    with jax.named_scope("eagle_catch_up"):
+      out, cache = self.forward(self.params, f_in, toks, cache, slots,
+                                slots, _causal(slots, cache["k"].shape[2]))
+    at = jnp.clip(L - 1 - start, 0, F - 1)
+    f_last = jnp.take_along_axis(out, at[:, None, None], axis=1)[:, 0]  # f^_{L-1} [B, D]
+    return f_last, cache
+
+  def propose(self, cache, context, num_drafts: int, params: sampling.SamplingParams | None,
+              keys):
+    """`Drafter.propose`: one catch-up call, then K-1 one-pair steps.
+
+    context: a `DraftContext` with `features` [B, F, D] and `feature_start` [B].
+    Returns drafts [B, K] int32, q [B, K, V] f32 (None when `params` is None:
+    argmax drafts) and the updated cache.
+    """
+    greedy = params is None  # static
+    S = cache["k"].shape[2]
+
+    def draw(f, i):  # f [B, D] -> d [B], q [B, V] or None
+      logits = self.logits(f[:, None])[:, 0]
+      if greedy:
+        return sampling.greedy_tokens(logits), None
+      q = sampling.probabilities(logits[:, None], params)[:, 0]
+      return sampling.sample(sampling.fold(keys, i), q), q
+
+    with jax.named_scope("eagle_propose"):
+      f_last, cache = self._catch_up(cache, context)
+      d_first, q_first = draw(f_last, 0)
+      L = context.lengths.astype(jnp.int32)
+
+      def step(carry, i):
+        cache, f_prev, token = carry
+        slot = (L - 1 + i)[:, None]  # [B, 1]
+        out, cache = self.forward(self.params, f_prev[:, None], token[:, None], cache, slot, slot,
+                                  _causal(slot, S))
+        f = out[:, 0]
+        d, q = draw(f, i)
+        return (cache, f, d), (d, q)
+
+      (cache, _, _), (d_rest, q_rest) = lax.scan(
+          step, (cache, f_last, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
+    drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
+    if greedy:
+      return drafts, None, cache
+    q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
+    return drafts, q, cache
+
+  def propose_tree(self, cache, context, tree, params=None, keys=None):
+    """Tree drafting: candidates [B, N-1] int32 (node i's token at column i-1) and the cache.
+
+    Deterministic top-k (no q): node i's token is the ranks[i]-th most likely
+    token of the draft distribution at node parents[i]. `params` and `keys` are
+    unused (the loop accepts tree candidates without a draft distribution).
+    """
+    del params, keys
+    parents = np.asarray(tree.parents, np.int64)
+    ranks = np.asarray(tree.ranks, np.int64)
+    depths = np.asarray(tree.depths, np.int64)
+    ancestors = np.asarray(tree.ancestors, bool)
+    N = parents.shape[0]
+    if N < 2:
+      raise ValueError("a draft tree needs at least one node besides the root")
+    levels = list(tree.level_slices)
+    R = int(ranks[1:].max()) + 1
+    if R > self.vocab_size:
+      raise ValueError(f"tree ranks go up to {R - 1}, beyond the vocabulary ({self.vocab_size})")
+    S = cache["k"].shape[2]
+    L = context.lengths.astype(jnp.int32)
+    root = L - 1  # [B] slot of node 0
+    anc = jnp.asarray(ancestors)  # [N, N]
+
+    with jax.named_scope("eagle_propose_tree"):
+      f_root, cache = self._catch_up(cache, context)
+      feats = {0: f_root}  # node -> predicted feature [B, D] (only nodes with children)
+      tokens = {}  # node -> token [B]
+      top = {}  # parent node -> top-R tokens [B, R]
+
+      def top_tokens(nodes):
+        f = jnp.stack([feats[i] for i in nodes], axis=1)  # [B, n, D]
+        _, idx = lax.top_k(self.logits(f), R)  # ties: lowest id first, like argmax
+        for col, i in enumerate(nodes):
+          top[i] = idx[:, col].astype(jnp.int32)
+
+      top_tokens([0])
+      for d, (a, b) in enumerate(levels):
+        if d == 0:
+          continue
+        nodes = list(range(a, b))
+        for i in nodes:
+          tokens[i] = top[int(parents[i])][:, int(ranks[i])]
+        expanding = [i for i in nodes if np.any(parents == i)]
+        if not expanding:
+          continue
+        # Feed the level's expanding nodes: (parent's feature, own token) at slot L-1+i.
+        idx = np.asarray(expanding, np.int32)
+        f_in = jnp.stack([feats[int(parents[i])] for i in expanding], axis=1)  # [B, T, D]
+        t_in = jnp.stack([tokens[i] for i in expanding], axis=1)  # [B, T]
+        slots = root[:, None] + jnp.asarray(idx)[None, :]  # [B, T]
+        positions = root[:, None] + jnp.asarray(depths[idx].astype(np.int32))[None, :]
+        visible = _tree_visibility(root, anc[idx], S)
+        out, cache = self.forward(self.params, f_in, t_in, cache, slots, positions, visible)
+        for col, i in enumerate(expanding):
+          feats[i] = out[:, col]
+        top_tokens(expanding)
+    candidates = jnp.stack([tokens[i] for i in range(1, N)], axis=1)  # [B, N-1]
+    return candidates.astype(jnp.int32), cache
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _causal(slots: jax.Array, length: int) -> jax.Array:
+  """visible [B, T, S]: each pair sees every slot up to its own (prefix and earlier block)."""
+  s = jnp.arange(length, dtype=jnp.int32)[None, None, :]
+  return s <= slots[:, :, None]
+
+
+def _tree_visibility(root: jax.Array, anc_rows: jax.Array, length: int) -> jax.Array:
+  """visible [B, T, S] for tree nodes: the committed prefix (slots < root) and ancestors.
+
+  root [B] slot of node 0; anc_rows bool [T, N], row t: which nodes the t-th fed
+  node descends from (itself included); node n sits at slot root + n.
+  """
+  N = anc_rows.shape[1]
+  s = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, S]
+  rel = s - root[:, None]  # [B, S] node index held in each slot
+  in_tree = (rel >= 0) & (rel < N)
+  from_tree = jnp.take(anc_rows, jnp.clip(rel, 0, N - 1), axis=1)  # [T, B, S]
+  return (rel < 0)[:, None, :] | (from_tree.transpose(1, 0, 2) & in_tree[:, None, :])
+
+
+def _write(buffer, new, slots, axis: int):
+  """Scatter new [B, ..., T, ...] into buffer [B, ..., S, ...] at slots [B, T]; slots >= S
+  are dropped (a block running past the cache end writes only what fits)."""
+
+  def one(buf, blk, idx):
+    index = (slice(None),) * (axis - 1) + (idx,)
+    return buf.at[index].set(blk.astype(buf.dtype), mode="drop")
+
+  return jax.vmap(one)(buffer, new, slots)
+
+
+def _forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
+  c = config
+  norm = layers.RMSNorm()
+  w = params["layer"]
+  dtype = params["fc"]["kernel"].dtype  # the head computes in its own dtype
+  x = jnp.concatenate([features.astype(dtype), embeddings.astype(dtype)], axis=-1)  # [B, T, 2D]
+  x = jnp.einsum("bti,id->btd", x, params["fc"]["kernel"]) + params["fc"]["bias"][None, None, :]
+  with jax.named_scope("eagle_attention"):
+    h = norm(x, w["attn_norm"], c.rms_norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
+    k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
+    v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
+    q = layers.rope(q, positions, c.rope_theta)
+    k = layers.rope(k, positions, c.rope_theta)
+    k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+    v = v.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+    if cache is not None:
+      k = _write(cache["k"], k, slots, axis=2)
+      v = _write(cache["v"], v, slots, axis=3)
+      cache = {"k": k, "v": v}
+      # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
+      # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
+      visible = visible | (jnp.arange(visible.shape[2]) == 0)[None, None, :]
+    out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
+    x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
+  with jax.named_scope("eagle_mlp"):
+    x = x + layers.GatedMLP("silu")(norm(x, w["mlp_norm"], c.rms_norm_eps), w)
+  return x, cache
+
+
+def features_for_training(eagle: Eagle, params, hidden: jax.Array, tokens: jax.Array,
+                          noise: jax.Array | None = None) -> jax.Array:
+  """Cache-free teacher-forced head pass over a window: f^ [B, T, D].
+
+  hidden [B, T, D] the target's features h_0..h_{T-1} for tokens [B, T]; the
+  pair at position j is (h_{j-1}, e(t_j)) (zeros at j = 0), causal attention
+  inside the window, positions 0..T-1 (the target's own for the window).
+  noise [B, T, D] (optional) is added to the input features.
+  """
+  B, T, D = hidden.shape
+  prev = jnp.concatenate([jnp.zeros((B, 1, D), hidden.dtype), hidden[:, :-1]], axis=1)
+  if noise is not None:
+    prev = prev + noise.astype(prev.dtype)
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+  visible = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool))[None], (B, T, T))
+  out, _ = eagle.forward(params, prev, tokens, None, positions, positions, visible)
+  return out
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | None = None,
+               dtype=None) -> None:
+  """Write an EAGLE head into `path` (new or empty): params/ (orbax) and eagle_config.json.
+
+  params: an `Eagle` (its head params and config are saved) or a head-params dict
+  together with its `config`.
+  meta: JSON-ready extra information kept in the config file.
+  dtype: cast floating-point params to this dtype on disk (e.g. "bfloat16").
+  The config file is written last: a directory without it never loads.
+  """
+  import orbax.checkpoint as ocp
+
+  if isinstance(params, Eagle):
+    config = params.config if config is None else config
+    params = params.params
+  if not isinstance(params, dict):
+    raise TypeError(f"save_eagle takes an Eagle or a head-params dict, got "
+                    f"{type(params).__name__}")
+  if config is None:
+    raise ValueError("save_eagle needs config= (an EagleConfig) with a bare params dict: the "
+                     "vocabulary size and constants are not in the shapes")
+  check_params(params, config)
+  if dtype is not None:
+    dt = jnp.dtype(dtype)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
+  text = json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
+                     "meta": meta or {}}, indent=2)  # fails here, before anything is written
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+    raise FileExistsError(f"{path} exists and is not an empty directory; save into a new one")
+  os.makedirs(path, exist_ok=True)
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.join(path, PARAMS_DIR), jax.tree_util.tree_map(jnp.asarray, params))
+  tmp = os.path.join(path, CONFIG_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, os.path.join(path, CONFIG_FILE))
+
+
+def read_config(path) -> tuple[EagleConfig, dict]:
+  """The `EagleConfig` and meta dict of a saved head, checked."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"no EAGLE head directory {path}")
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{path} has no {CONFIG_FILE} (not an EAGLE head, or an "
+                            f"interrupted save)")
+  try:
+    with open(config_path) as f:
+      meta = json.load(f)
+  except ValueError as e:
+    raise ValueError(f"{config_path} is not valid JSON (truncated?): {e}") from e
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    raise ValueError(f"{config_path} is not an EAGLE head config (format {FORMAT!r})")
+  if meta.get("version") != FORMAT_VERSION:
+    raise ValueError(f"{config_path}: format version {meta.get('version')!r} is not supported "
+                     f"(this jspec reads version {FORMAT_VERSION})")
+  if not isinstance(meta.get("config"), dict):
+    raise ValueError(f"{config_path}: missing field 'config'")
+  try:
+    config = EagleConfig.from_dict(meta["config"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{config_path}: invalid EAGLE config: {e}") from e
+  return config, meta.get("meta") or {}
+
+
+def load_eagle(path, target: Model, dtype="float32") -> Eagle:
+  """An `Eagle` for `target` from a directory written by `save_eagle`.
+
+  Checks, before reading any tensor: the config file, that the head fits the
+  target (hidden size and vocabulary), and every stored tensor's shape.
+  dtype: floating-point params are cast to it (default f32; None keeps stored).
+  """
+  import orbax.checkpoint as ocp
+
+  from jspec.checkpoint import _leaf_metadata
+
+  config, _ = read_config(path)
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  target_head(target)  # a clear error for targets of other architectures
+  tc = target.config
+  if config.hidden_size != tc.hidden_size or config.vocab_size != tc.vocab_size:
+    raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
+                     f"vocab {config.vocab_size}; the target has hidden size {tc.hidden_size} "
+                     f"and vocab {tc.vocab_size}")
+  params_dir = os.path.join(path, PARAMS_DIR)
+  if not os.path.isdir(params_dir):
+    raise FileNotFoundError(f"{params_dir}: params directory missing (an interrupted save?)")
+  unreadable = f"cannot read params metadata in {params_dir} (missing or corrupt files?)"
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      stored = _leaf_metadata(checkpointer.metadata(params_dir))
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f"{unreadable}: {e}") from e
+  if not stored:
+    raise ValueError(f"{unreadable}: no tensors listed")
+  shapes = param_shapes(config)
+  want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(
+      shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}
+  missing, extra = sorted(set(want) - set(stored)), sorted(set(stored) - set(want))
+  if missing or extra:
+    raise ValueError(f"params in {params_dir} do not match {CONFIG_FILE}: missing tensors "
+                     f"{missing}, unexpected tensors {extra}")
+  for key, shape in want.items():
+    if stored[key][0] != shape:
+      raise ValueError(f"params tensor {key} in {params_dir} has shape {stored[key][0]}, but "
+                       f"{CONFIG_FILE} gives {shape}")
+  cast = None if dtype is None else jnp.dtype(dtype)
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  def abstract(key_path, shape):
+    stored_dtype = stored[jax.tree_util.keystr(key_path)][1]
+    dt = cast if cast is not None and jnp.issubdtype(stored_dtype, jnp.floating) else stored_dtype
+    return jax.ShapeDtypeStruct(shape, dt, sharding=one)
+
+  target_tree = jax.tree_util.tree_map_with_path(abstract, shapes,
+                                                 is_leaf=lambda x: isinstance(x, tuple))
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      params = checkpointer.restore(params_dir, target_tree)
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f"cannot read params from {params_dir} (truncated or corrupt files?): "
+                     f"{e}") from e
+  return Eagle.from_target(target, params, config)
