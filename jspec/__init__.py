@@ -6,7 +6,7 @@ run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
 """
 
-from jspec import acceptance, decode, sampling, sharding, tree
+from jspec import acceptance, decode, eagle, sampling, sharding, tree
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
 from jspec.dynamic import AutoK
@@ -20,6 +20,7 @@ from jspec.sampling import SamplingParams
 from jspec.text import generate_text
 from jspec.tokenizer import Tokenizer
 from jspec.tree import Tree
+from jspec.eagle import Eagle, EagleConfig, load_eagle, save_eagle
 
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
 from jspec import linen, nnx  # noqa: E402  (Flax adapters: Linen modules, NNX state in jit)
@@ -34,6 +35,8 @@ __all__ = [
     "Datastore",
     "DraftContext",
     "DraftModel",
+    "Eagle",
+    "EagleConfig",
     "Drafter",
     "GenerateOutput",
     "Model",
@@ -43,15 +46,18 @@ __all__ = [
     "Tree",
     "acceptance",
     "decode",
+    "eagle",
     "generate",
     "generate_text",
     "linen",
     "load",
+    "load_eagle",
     "models",
     "nnx",
     "sampling",
     "sharding",
     "save",
+    "save_eagle",
     "speculative_generate",
     "tree",
 ]

@@ -8,6 +8,7 @@ measured in-loop costs, and that the report and figures are written.
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -70,3 +71,35 @@ def test_transformers_side_same_weights(pair):
   assert set(out["tokens_per_s"]) == {"greedy_b1", "assisted_b1", "greedy_b2"}
   assert all(v > 0 for v in out["tokens_per_s"].values())
   assert out["assisted_speedup"] > 0 and out["jspec_tokens_per_s_b1"] == 1.0
+
+
+def test_heads_section(pair, tmp_path):
+  """The heads section runs chains and trees side by side, picks each tree from the
+  chain's acceptance, reproduces the baseline's greedy tokens, and summarises."""
+  from jspec import bench_heads
+  target, draft = pair
+  s = bench.Settings(batches=(1,), ks=(2,), k=2, max_new_tokens=6, repeats=1,
+                     transformers=False)
+  eagle = jspec.eagle.Eagle.from_target(
+      target, jspec.eagle.init_params(jspec.eagle.EagleConfig.for_target(target.config),
+                                      jax.random.key(0)))
+  report = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"), sections=("heads",),
+                     self_drafters={"eagle": eagle})
+  rows = report["heads"]["rows"]
+  assert set(rows) == {"draft chain", "draft tree", "eagle chain", "eagle tree"}
+  for name, r in rows.items():
+    assert r["equal_to_baseline"], name
+    assert 1.0 <= r["tau"] <= 3.0 + 1e-6 or "tree" in name
+  assert rows["draft tree"]["nodes"] == 16
+  assert "draft tree" in bench.summary(report)
+
+
+def test_accuracy_table_from_acceptance():
+  from jspec import bench_heads
+  # 10 rounds: 4 stopped at 0, 3 at 1, 3 accepted both drafts.
+  a = bench_heads.depth_acceptance([4, 3, 3])
+  np.testing.assert_allclose(a, [6 / 10, 3 / 6])
+  table = bench_heads.accuracy_table([4, 3, 3], depth=3)
+  assert table.shape == (3, bench_heads.MAX_RANKS)
+  np.testing.assert_allclose(table[:, 0], [0.6, 0.5, 0.5])
+  np.testing.assert_allclose(table[0, 1], 0.4 * bench_heads.SECOND)
