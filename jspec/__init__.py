@@ -6,7 +6,7 @@ run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
 """
 
-from jspec import acceptance, decode, eagle, sampling, sharding, tree
+from jspec import acceptance, decode, eagle, medusa, sampling, sharding, tree
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
 from jspec.dynamic import AutoK
@@ -21,6 +21,7 @@ from jspec.text import generate_text
 from jspec.tokenizer import Tokenizer
 from jspec.tree import Tree
 from jspec.eagle import Eagle, EagleConfig, load_eagle, save_eagle
+from jspec.medusa import Medusa, load_medusa, save_medusa
 
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
 from jspec import linen, nnx  # noqa: E402  (Flax adapters: Linen modules, NNX state in jit)
@@ -39,6 +40,7 @@ __all__ = [
     "EagleConfig",
     "Drafter",
     "GenerateOutput",
+    "Medusa",
     "Model",
     "NGram",
     "SamplingParams",
@@ -50,14 +52,17 @@ __all__ = [
     "generate",
     "generate_text",
     "linen",
+    "medusa",
     "load",
     "load_eagle",
+    "load_medusa",
     "models",
     "nnx",
     "sampling",
     "sharding",
     "save",
     "save_eagle",
+    "save_medusa",
     "speculative_generate",
     "tree",
 ]
