@@ -29,6 +29,7 @@ from jax import lax
 from jspec import sampling
 from jspec.drafter import DraftContext
 from jspec.model import Model
+from jspec.tree import top_ranked
 
 SYNC_CHUNK = 16  # tokens per catch-up call after rounds without drafting
 
@@ -131,9 +132,10 @@ class DraftModel:
             block_mask=jnp.asarray(tree.ancestors[:stop, :stop]),
             depth=jnp.asarray(tree.depths[:stop]))
         lo, hi = levels[d]
+        plo, _ = levels[d - 1]
         width = int(ranks[lo:hi].max()) + 1
-        _, top = lax.top_k(logits, width)  # [B, stop, width]
-        parents = np.asarray(tree.parents[lo:hi])
+        top = top_ranked(logits[:, plo:stop], width)  # [B, parents' level, width]
+        parents = np.asarray(tree.parents[lo:hi]) - plo
         picked = top[:, parents, ranks[lo:hi]].astype(jnp.int32)  # [B, hi-lo]
         nodes = nodes.at[:, lo:hi].set(picked)
     return nodes[:, 1:], cache

@@ -47,6 +47,7 @@ from jax import lax
 
 from jspec import sampling
 from jspec.model import Model
+from jspec.tree import top_ranked
 from jspec.models import layers
 
 FORMAT = "jspec-eagle"
@@ -401,7 +402,7 @@ class Eagle:
 
       def top_tokens(nodes):
         f = jnp.stack([feats[i] for i in nodes], axis=1)  # [B, n, D]
-        _, idx = lax.top_k(self.logits(f), R)  # ties: lowest id first, like argmax
+        idx = top_ranked(self.logits(f), R)  # ties: lowest id first, like argmax
         for col, i in enumerate(nodes):
           top[i] = idx[:, col].astype(jnp.int32)
 

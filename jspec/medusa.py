@@ -47,6 +47,7 @@ import numpy as np
 from jax import lax
 
 from jspec.model import Model
+from jspec.tree import top_ranked
 
 CONFIG_FILE = "medusa_config.json"
 HEADS_DIR = "heads"
@@ -240,8 +241,8 @@ class Medusa:
       at = nodes[depths[1:] == d]
       if at.size == 0:
         continue
-      # One top-k per head, as deep as the deepest rank any node of this level asks for.
-      _, top = lax.top_k(logits[:, d - 1], int(ranks[at].max()) + 1)  # [B, R]
+      # One ranking per head, as deep as the deepest rank any node of this level asks for.
+      top = top_ranked(logits[:, d - 1], int(ranks[at].max()) + 1)  # [B, R]
       columns.append(top[:, ranks[at]])
       order.append(at)
     order = np.concatenate(order)

@@ -333,3 +333,13 @@ def test_features_reach_the_drafter(gqa_target, topology):
     assert shown.size >= L[b] - 1 - (K + 1), (b, shown.size, L[b])
     np.testing.assert_array_equal(shown, np.arange(shown.size))  # no gaps
     np.testing.assert_allclose(seen[b, shown], hidden[b, shown], rtol=1e-4, atol=1e-4)
+
+
+def test_top_ranked_matches_a_sort():
+  logits = jax.random.normal(jax.random.key(0), (3, 5, 50))
+  got = np.asarray(tree_lib.top_ranked(logits, 4))
+  want = np.argsort(-np.asarray(logits), axis=-1, kind="stable")[..., :4]
+  np.testing.assert_array_equal(got, want)
+  # Ties go to the lowest id, as greedy_tokens does: rank 0 is the argmax.
+  tied = jnp.zeros((1, 6)).at[0, 4].set(1.0)
+  np.testing.assert_array_equal(tree_lib.top_ranked(tied, 3)[0], [4, 0, 1])
