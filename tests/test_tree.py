@@ -343,3 +343,24 @@ def test_top_ranked_matches_a_sort():
   # Ties go to the lowest id, as greedy_tokens does: rank 0 is the argmax.
   tied = jnp.zeros((1, 6)).at[0, 4].set(1.0)
   np.testing.assert_array_equal(tree_lib.top_ranked(tied, 3)[0], [4, 0, 1])
+
+
+@pytest.mark.parametrize("topology", [None, BINARY], ids=["eagle-chain-sampled-q", "eagle-tree"])
+def test_feature_drafter_whole_sequence_distribution(topology):
+  """A random EAGLE head on a tiny target, temperature 1: as a chain it samples its
+  drafts and passes q (the residual path of chain acceptance); as a tree its ranked
+  candidates go through tree acceptance. Both emit the target's distribution."""
+  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
+  target = jspec.models.init(config, seed=21)
+  head = jspec.eagle.init_params(jspec.eagle.EagleConfig.for_target(config), jax.random.key(3))
+  head = jax.tree_util.tree_map(lambda x: x * 3.0, head)  # peaked drafts, often wrong
+  eagle = jspec.Eagle.from_target(target, head)
+  exact = exact_distribution(target)
+  kw = dict(num_draft_tokens=2) if topology is None else dict(tree=topology)
+  out = jspec.speculative_generate(target, eagle, [PROMPT] * ROWS, max_new_tokens=NEW,
+                                   temperature=1.0, seed=11, **kw)
+  hist = np.asarray(out.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
+  tokens = np.asarray(out.tokens)
+  codes = (tokens[:, 0] * V + tokens[:, 1]) * V + tokens[:, 2]
+  assert_counts_match(np.bincount(codes, minlength=V ** NEW), exact, "eagle")
