@@ -207,17 +207,24 @@ def _load_native(path: str, dtype, layout=None) -> Model:
                              eos_ids=eos_ids)
 
 
-def _read_config(config_path: str):
+def read_format_file(config_path: str, fmt: str, version: int, what: str) -> dict:
+  """A jspec JSON config file (checkpoint, Medusa heads, EAGLE head), checked: valid
+  JSON, a dict, the expected `format` name and `version`."""
   try:
     with open(config_path) as f:
       meta = json.load(f)
   except ValueError as e:
     raise ValueError(f"{config_path} is not valid JSON (truncated?): {e}") from e
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-    raise ValueError(f"{config_path} is not a jspec checkpoint config")
-  if meta.get("version") != FORMAT_VERSION:
+  if not isinstance(meta, dict) or meta.get("format") != fmt:
+    raise ValueError(f"{config_path} is not {what} (format {fmt!r})")
+  if meta.get("version") != version:
     raise ValueError(f"{config_path}: format version {meta.get('version')!r} is not supported "
-                     f"by this jspec (reads version {FORMAT_VERSION})")
+                     f"(this jspec reads version {version})")
+  return meta
+
+
+def _read_config(config_path: str):
+  meta = read_format_file(config_path, FORMAT, FORMAT_VERSION, "a jspec checkpoint config")
   for key in ("config_class", "config", "eos_ids"):
     if key not in meta:
       raise ValueError(f"{config_path}: missing field {key!r}")

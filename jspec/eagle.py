@@ -46,6 +46,7 @@ import numpy as np
 from jax import lax
 
 from jspec import sampling
+from jspec.checkpoint import read_format_file
 from jspec.model import Model
 from jspec.tree import top_ranked
 from jspec.models import layers
@@ -565,16 +566,7 @@ def read_config(path) -> tuple[EagleConfig, dict]:
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{path} has no {CONFIG_FILE} (not an EAGLE head, or an "
                             f"interrupted save)")
-  try:
-    with open(config_path) as f:
-      meta = json.load(f)
-  except ValueError as e:
-    raise ValueError(f"{config_path} is not valid JSON (truncated?): {e}") from e
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-    raise ValueError(f"{config_path} is not an EAGLE head config (format {FORMAT!r})")
-  if meta.get("version") != FORMAT_VERSION:
-    raise ValueError(f"{config_path}: format version {meta.get('version')!r} is not supported "
-                     f"(this jspec reads version {FORMAT_VERSION})")
+  meta = read_format_file(config_path, FORMAT, FORMAT_VERSION, "an EAGLE head config")
   if not isinstance(meta.get("config"), dict):
     raise ValueError(f"{config_path}: missing field 'config'")
   try:

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jspec.checkpoint import read_format_file
 from jspec.model import Model
 from jspec.tree import top_ranked
 
@@ -319,16 +320,7 @@ def read_medusa_config(path) -> dict:
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f"{path} has no {CONFIG_FILE}: not a Medusa heads directory "
                             f"(or an interrupted save)")
-  try:
-    with open(config_path) as f:
-      config = json.load(f)
-  except ValueError as e:
-    raise ValueError(f"{config_path} is not valid JSON (truncated?): {e}") from e
-  if not isinstance(config, dict) or config.get("format") != FORMAT:
-    raise ValueError(f"{config_path} is not a Medusa heads config (format {FORMAT!r})")
-  if config.get("version") != FORMAT_VERSION:
-    raise ValueError(f"{config_path}: format version {config.get('version')!r} is not supported "
-                     f"(this jspec reads version {FORMAT_VERSION})")
+  config = read_format_file(config_path, FORMAT, FORMAT_VERSION, "a Medusa heads config")
   for key in ("num_heads", "hidden_size", "vocab_size"):
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:

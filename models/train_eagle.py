@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from jspec import eagle as E
+from jspec.models.train import _read_history, _write_history
 
 ACCEPT_K = 4
 ACCEPT_NEW_TOKENS = 128
@@ -397,23 +398,6 @@ def _check_resumable(checkpoint_dir, cfg: EagleTrainConfig, config: E.EagleConfi
   else:
     with open(path, "w") as f:
       json.dump(run, f, indent=2)
-
-
-def _history_path(checkpoint_dir) -> str:
-  return os.path.join(checkpoint_dir, "history.json")
-
-
-def _write_history(checkpoint_dir, history) -> None:
-  with open(_history_path(checkpoint_dir), "w") as f:
-    json.dump(history, f)
-
-
-def _read_history(checkpoint_dir) -> list:
-  path = _history_path(checkpoint_dir)
-  if not os.path.isfile(path):
-    return []
-  with open(path) as f:
-    return json.load(f)
 
 
 # ----------------------------------------------------------------------------- shipped run
