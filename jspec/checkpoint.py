@@ -170,16 +170,7 @@ def _load_native(path: str, dtype, layout=None) -> Model:
   config_path = os.path.join(path, CONFIG_FILE)
   config, eos_ids = _read_config(config_path)
   params_dir = os.path.join(path, PARAMS_DIR)
-  if not os.path.isdir(params_dir):
-    raise FileNotFoundError(f"{params_dir}: params directory missing (an interrupted save?)")
-  unreadable = f"cannot read params metadata in {params_dir} (missing or corrupt files?)"
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      stored = _leaf_metadata(checkpointer.metadata(params_dir))
-  except Exception as e:
-    raise ValueError(f"{unreadable}: {e}") from e
-  if not stored:  # orbax logs a warning and returns an empty tree
-    raise ValueError(f"{unreadable}: no tensors listed")
+  stored = stored_tensors(params_dir)
   expected = jax.eval_shape(lambda: models.init_params(config, jax.random.key(0)))
   _check_shapes(expected, stored, params_dir, config_path)
 
@@ -254,6 +245,26 @@ def _config_class(name: Any, config_path: str) -> type:
     raise ValueError(f"{config_path}: unknown config class {name!r}; jspec.models has "
                      f"{', '.join(known)}")
   return cls
+
+
+def stored_tensors(directory: str, what: str = "params") -> dict[str, tuple[tuple[int, ...], Any]]:
+  """{leaf path: (shape, dtype)} of an orbax directory, read from its metadata alone.
+
+  Clear errors for a missing directory (an interrupted save), unreadable metadata
+  and an empty listing (orbax logs a warning and returns an empty tree)."""
+  import orbax.checkpoint as ocp
+
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{directory}: {what} directory missing (an interrupted save?)")
+  unreadable = f"cannot read {what} metadata in {directory} (missing or corrupt files?)"
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      stored = _leaf_metadata(checkpointer.metadata(directory))
+  except Exception as e:
+    raise ValueError(f"{unreadable}: {e}") from e
+  if not stored:
+    raise ValueError(f"{unreadable}: no tensors listed")
+  return stored
 
 
 def _leaf_metadata(metadata) -> dict[str, tuple[tuple[int, ...], Any]]:

@@ -585,7 +585,7 @@ def load_eagle(path, target: Model, dtype="float32") -> Eagle:
   """
   import orbax.checkpoint as ocp
 
-  from jspec.checkpoint import _leaf_metadata
+  from jspec.checkpoint import stored_tensors
 
   config, _ = read_config(path)
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
@@ -596,16 +596,7 @@ def load_eagle(path, target: Model, dtype="float32") -> Eagle:
                      f"vocab {config.vocab_size}; the target has hidden size {tc.hidden_size} "
                      f"and vocab {tc.vocab_size}")
   params_dir = os.path.join(path, PARAMS_DIR)
-  if not os.path.isdir(params_dir):
-    raise FileNotFoundError(f"{params_dir}: params directory missing (an interrupted save?)")
-  unreadable = f"cannot read params metadata in {params_dir} (missing or corrupt files?)"
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      stored = _leaf_metadata(checkpointer.metadata(params_dir))
-  except Exception as e:  # noqa: BLE001
-    raise ValueError(f"{unreadable}: {e}") from e
-  if not stored:
-    raise ValueError(f"{unreadable}: no tensors listed")
+  stored = stored_tensors(params_dir)
   shapes = param_shapes(config)
   want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(
       shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}

@@ -333,21 +333,12 @@ def load_heads(path, dtype="float32") -> tuple[dict, dict]:
   (None keeps the stored dtype)."""
   import orbax.checkpoint as ocp
 
-  from jspec.checkpoint import _leaf_metadata
+  from jspec.checkpoint import stored_tensors
 
   config = read_medusa_config(path)
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
   heads_dir = os.path.join(path, HEADS_DIR)
-  if not os.path.isdir(heads_dir):
-    raise FileNotFoundError(f"{heads_dir}: heads directory missing (an interrupted save?)")
-  unreadable = f"cannot read Medusa heads metadata in {heads_dir} (missing or corrupt files?)"
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      stored = _leaf_metadata(checkpointer.metadata(heads_dir))
-  except Exception as e:
-    raise ValueError(f"{unreadable}: {e}") from e
-  if not stored:
-    raise ValueError(f"{unreadable}: no tensors listed")
+  stored = stored_tensors(heads_dir, "heads")
   K, D = config["num_heads"], config["hidden_size"]
   want = {"['w']": (K, D, D), "['b']": (K, D)}
   if set(stored) != set(want):

@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from jspec import eagle as E
+from jspec.drafter import DraftContext
 from jspec.models.train import _read_history, _write_history
 
 ACCEPT_K = 4
@@ -164,20 +165,6 @@ def evaluate(eagle: E.Eagle, target, windows: np.ndarray, chunk: int = 16) -> di
   return {k: round(v / count, 4) for k, v in sums.items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Context:
-  """What the decode loop shows a feature drafter (the `DraftContext` fields it reads)."""
-
-  tokens: jax.Array
-  lengths: jax.Array
-  features: jax.Array
-  feature_start: jax.Array
-
-
-jax.tree_util.register_dataclass(_Context, data_fields=["tokens", "lengths", "features",
-                                                        "feature_start"], meta_fields=[])
-
-
 def _replay_init(eagle, tokens, lengths, features, cache_length):
   return eagle.init(tokens, lengths, cache_length, features)
 
@@ -234,7 +221,7 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
     entries = padded[rows, F + fs[:, None] + np.arange(F)[None, :]]  # h_{fs+j}
     ok = (fs[:, None] + np.arange(F)[None, :]) <= (L[:, None] - 2)
     entries = np.where(ok[:, :, None], entries, 0.0).astype(hidden.dtype)
-    ctx = _Context(tokens=jnp.asarray(buffer), lengths=jnp.asarray(np.minimum(L, total), jnp.int32),
+    ctx = DraftContext(tokens=jnp.asarray(buffer), lengths=jnp.asarray(np.minimum(L, total), jnp.int32),
                    features=jnp.asarray(entries), feature_start=jnp.asarray(fs, jnp.int32))
     drafts, state = _replay_round_jit(eagle, state, ctx, k)
     drafts = np.asarray(drafts)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import jspec
+from jspec.drafter import DraftContext
 from jspec import eagle as E
 from jspec.models import train_eagle as TE
 from conftest import tiny_config
@@ -22,24 +23,8 @@ S = 48  # cache slots of the hand-run rounds
 # ----------------------------------------------------------------------------- fixtures
 
 
-@dataclasses.dataclass(frozen=True)
-class _Context:
-  """Stand-in for `DraftContext` with features (the one the decode loop builds)."""
-
-  tokens: jax.Array
-  lengths: jax.Array
-  features: jax.Array
-  feature_start: jax.Array
-
-
-jax.tree_util.register_dataclass(_Context, data_fields=["tokens", "lengths", "features",
-                                                        "feature_start"], meta_fields=[])
-
-
 def make_context(**fields):
-  from jspec.drafter import DraftContext
-  names = {f.name for f in dataclasses.fields(DraftContext)}
-  return DraftContext(**fields) if {"features", "feature_start"} <= names else _Context(**fields)
+  return DraftContext(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
