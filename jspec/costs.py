@@ -34,6 +34,7 @@ def call_time(model: Model, batch: int, block: int, cache_length: int, repeats: 
   """
   if prefix + block > cache_length:
     raise ValueError(f"prefix {prefix} + block {block} exceeds cache_length {cache_length}")
+  model = model.prepared()  # the params' decoding form, as inside the decode loop
   cache = model.init_cache(batch, cache_length)
   tokens = jnp.ones((batch, block), jnp.int32)
   start = jnp.full((batch,), prefix, jnp.int32)

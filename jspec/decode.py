@@ -28,6 +28,11 @@ their own jitted code:
     state = decode_round(target, drafter, state, config)   # one round
     state = decode_loop(target, drafter, state, config)    # until all rows are done
     out, lengths = output_tokens(state)
+
+`init_state` and `decode_loop` run on `prepared(target)` and `prepared(drafter)`:
+params in the form their models decode fastest from (`Model.prepare_fn`), made
+once per program. A loop of your own around `decode_round` should do the same
+before the loop.
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   B, P = tokens.shape
   S = config.cache_length
   K = config.num_draft_tokens
+  target, drafter = prepared(target), prepared(drafter)
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
@@ -157,6 +163,12 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
       features=features,
       feature_start=feature_start,
   )
+
+
+def prepared(obj):
+  """A model or drafter with params in decoding form (`Model.prepared`); others as
+  they are. Call it inside the jitted program, before the loop."""
+  return obj.prepared() if hasattr(obj, "prepared") else obj
 
 
 def uses_features(drafter) -> bool:
@@ -293,6 +305,7 @@ def _commit(state: DecodeState, n, emitted, K: int) -> DecodeState:
 
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
   """Run rounds in one `lax.while_loop` until every row is done."""
+  target, drafter = prepared(target), prepared(drafter)
   return lax.while_loop(lambda s: jnp.any(~s.done),
                         lambda s: decode_round(target, drafter, s, config), state)
 

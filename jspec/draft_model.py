@@ -47,6 +47,10 @@ class DraftModel:
     """The draft model's vocabulary size (must equal the target's)."""
     return self.model.vocab_size
 
+  def prepared(self) -> "DraftModel":
+    """This drafter over the draft model's decoding-form params (`Model.prepared`)."""
+    return DraftModel(self.model.prepared())
+
   def init(self, tokens, prompt_lengths, cache_length: int):
     """`Drafter.init`: a [B, S] KV cache with the prompts prefilled (all but the last token).
 

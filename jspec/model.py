@@ -16,6 +16,11 @@ the model contract (see DESIGN.md):
 
     cache = init_cache(config, batch, length, dtype)
 
+Optionally, `prepare(config, params) -> params` gives the params in the form
+`apply` decodes fastest from (e.g. per-layer arrays cut from stacked ones). The
+decoding loops call it once per program, before the loop, so its cost is paid
+once per call rather than once per step; `apply` accepts both forms.
+
 `Model` is a pytree whose only leaves are the params: config and the two
 functions are static, so a Model can be passed straight into `jax.jit`.
 """
@@ -51,6 +56,9 @@ class Model:
   # axes_fn(config) -> (param axes, cache axes): trees of logical axis-name tuples
   # matching params and cache (see jspec/sharding.py); None: replicate everything.
   axes_fn: Callable[[Any], tuple[Any, Any]] | None = None
+  # prepare_fn(config, params) -> params in the form apply decodes fastest from;
+  # None: params are used as they are.
+  prepare_fn: Callable[[Any, Any], Any] | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -75,6 +83,17 @@ class Model:
     """The model contract bound to this model's config and params."""
     return self.apply_fn(self.config, self.params, tokens, cache, start,
                          block_mask=block_mask, depth=depth)
+
+  def prepared(self) -> "Model":
+    """This model with params in decoding form (`prepare_fn`); itself without one.
+
+    Called inside jitted code, before a decode loop: the work runs once per
+    program instead of once per step. The result is for `apply` only; save,
+    shard and train the original.
+    """
+    if self.prepare_fn is None:
+      return self
+    return dataclasses.replace(self, params=self.prepare_fn(self.config, self.params))
 
   def init_cache(self, batch: int, length: int, dtype=None):
     """A zeroed K/V cache of `batch` rows and `length` slots (dtype: the model's)."""
@@ -116,7 +135,7 @@ def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 def _flatten(model: Model):
   return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids,
-                           model.axes_fn)
+                           model.axes_fn, model.prepare_fn)
 
 
 def _flatten_with_keys(model: Model):
@@ -124,9 +143,10 @@ def _flatten_with_keys(model: Model):
 
 
 def _unflatten(aux, children):
-  config, apply_fn, init_cache_fn, eos_ids, axes_fn = aux
+  config, apply_fn, init_cache_fn, eos_ids, axes_fn, prepare_fn = aux
   return Model(params=children[0], config=config, apply_fn=apply_fn,
-               init_cache_fn=init_cache_fn, eos_ids=eos_ids, axes_fn=axes_fn)
+               init_cache_fn=init_cache_fn, eos_ids=eos_ids, axes_fn=axes_fn,
+               prepare_fn=prepare_fn)
 
 
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)

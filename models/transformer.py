@@ -16,7 +16,8 @@ Two faces over the same math:
     trainable with optax like any NNX model.
 
 Params are a plain nested dict with every layer stacked on a leading axis L, so
-the layer loop is one `lax.scan` (compile time independent of depth):
+a cache-free pass (training) is one `lax.scan` over layers (compile time
+independent of depth):
 
     embed [V, D]                 pos_embed [P, D]        (Learned positions only)
     layers/attn_norm/scale [L, D]    (+ /bias for LayerNorm; same for every norm)
@@ -29,9 +30,18 @@ the layer loop is one `lax.scan` (compile time independent of depth):
     final_norm
     lm_head [D, V]                                            (absent when tied)
 
-Cache: K as [L, B, Hkv, S, Dh] and V as [L, B, Hkv, Dh, S]. XLA CPU's attention
-matmuls consume exactly these layouts; others transpose the whole cache every
-step (measured 1.4-1.6x slower at batch 8-32, DESIGN.md).
+Decoding unrolls the layers instead, over per-layer weights that `unstack`
+(the model's `prepare_fn`) cuts once per decoding program, before the loop. A
+scan slices each layer's weights out of the stacked arrays on every step, and
+XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
+target, which made a batch-1 step about 1.5x slower.
+
+Cache: one K buffer [B, Hkv, S, Dh] and one V buffer [B, Hkv, Dh, S] per layer
+({"k": [L arrays], "v": [L arrays]}). XLA CPU's attention matmuls consume exactly
+these layouts; others transpose the whole cache every step (measured 1.4-1.6x
+slower at batch 8-32, DESIGN.md). Separate buffers per layer let each step
+write its new slots in place and read the layer's cache without a copy, which
+one stacked [L, ...] buffer did not allow once the layers are unrolled.
 """
 
 from __future__ import annotations
@@ -171,13 +181,26 @@ def init_params(config: TransformerConfig, key: jax.Array, dtype=jnp.float32) ->
 
 
 def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> dict:
-  """Zeroed K/V buffers for `batch` rows of `length` slots."""
+  """Zeroed K/V buffers for `batch` rows of `length` slots, one pair per layer."""
   c = config
   L, Hkv, Dh = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
   return {
-      "k": jnp.zeros((L, batch, Hkv, length, Dh), dtype),  # [L, B, Hkv, S, Dh]
-      "v": jnp.zeros((L, batch, Hkv, Dh, length), dtype),  # [L, B, Hkv, Dh, S]
+      "k": [jnp.zeros((batch, Hkv, length, Dh), dtype) for _ in range(L)],  # L x [B, Hkv, S, Dh]
+      "v": [jnp.zeros((batch, Hkv, Dh, length), dtype) for _ in range(L)],  # L x [B, Hkv, Dh, S]
   }
+
+
+def unstack(config: TransformerConfig, params: dict) -> dict:
+  """Params with `layers` as a list of L per-layer dicts (the decoding form).
+
+  `apply` accepts either form; already-unstacked params come back unchanged.
+  """
+  if isinstance(params["layers"], list):
+    return params
+  L = config.num_hidden_layers
+  out = dict(params)
+  out["layers"] = [jax.tree_util.tree_map(lambda a, i=i: a[i], params["layers"]) for i in range(L)]
+  return out
 
 
 # ----------------------------------------------------------------------------- forward
@@ -238,15 +261,14 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     visible = jnp.broadcast_to(block_mask[None], (B, T, T))
     kv_pos = positions
   else:
-    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"].shape[3])
+    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"][0].shape[2])
   sliding = any(c.windows())  # static: full-attention models skip the window mask
   behind = positions[:, :, None] - kv_pos[:, None, :]  # [B, T, S] distance back
   scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
   norm = functools.partial(c.norm, eps=c.rms_norm_eps)
 
-  def layer(carry, inputs):
-    x, cache = carry
-    w, index, window = inputs
+  def layer(x, w, layer_cache, window):
+    """One decoder layer; layer_cache {"k", "v"} of this layer or None."""
     with jax.named_scope("attention"):
       h = norm(x, w["attn_norm"])
       q = _project(h, w["wq"], w.get("bq"))
@@ -259,11 +281,10 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         k = layers.rope(k, positions, c.rope_theta, rotary.scaling)
       k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
       v = v.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
-      if cache is not None:
-        layer_k = _write(cache["k"][index], k, start, axis=2)
-        layer_v = _write(cache["v"][index], v, start, axis=3)
-        cache = {"k": cache["k"].at[index].set(layer_k), "v": cache["v"].at[index].set(layer_v)}
-        k, v = layer_k, layer_v
+      if layer_cache is not None:
+        k = _write(layer_cache["k"], k, start, axis=2)  # [B, Hkv, S, Dh]
+        v = _write(layer_cache["v"], v, start, axis=3)  # [B, Hkv, Dh, S]
+        layer_cache = {"k": k, "v": v}
       seen = visible & ((window == 0) | (behind < window)) if sliding else visible
       out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
       out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
@@ -277,11 +298,29 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
       if c.post_norms:
         out = norm(out, w["post_mlp_norm"])
       x = x + out
-    return (x, cache), None
+    return x, layer_cache
 
-  layer_index = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)
-  windows = jnp.asarray(c.windows(), jnp.int32)
-  (x, cache), _ = lax.scan(layer, (x, cache), (params["layers"], layer_index, windows))
+  stacked = not isinstance(params["layers"], list)
+  if cache is None and stacked:
+    # Training and full-sequence passes: one scan, compile time independent of depth.
+    def scanned(x, inputs):
+      w, window = inputs
+      return layer(x, w, None, window)[0], None
+
+    windows = jnp.asarray(c.windows(), jnp.int32)
+    x, _ = lax.scan(scanned, x, (params["layers"], windows))
+  else:
+    # Decoding: layers unrolled over per-layer weights and per-layer cache buffers.
+    per_layer = unstack(c, params)["layers"]
+    new_k, new_v = [], []
+    for i, window in enumerate(c.windows()):
+      layer_cache = None if cache is None else {"k": cache["k"][i], "v": cache["v"][i]}
+      x, layer_cache = layer(x, per_layer[i], layer_cache, window)
+      if layer_cache is not None:
+        new_k.append(layer_cache["k"])
+        new_v.append(layer_cache["v"])
+    if cache is not None:
+      cache = {"k": new_k, "v": new_v}
   hidden = norm(x, params["final_norm"])  # [B, T, D]
   if c.tie_word_embeddings:
     # Contract against embed [V, D] as stored: writing it as embed.T made XLA CPU copy
@@ -360,8 +399,9 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
     return ("layers", last) if names[0] == "layers" else (last,)
 
   param_axes = jax.tree_util.tree_map_with_path(axes, params)
-  cache_axes = {"k": ("layers", "batch", "kv_heads", "sequence", "head_dim"),
-                "v": ("layers", "batch", "kv_heads", "head_dim", "sequence")}
+  L = config.num_hidden_layers
+  cache_axes = {"k": [("batch", "kv_heads", "sequence", "head_dim")] * L,
+                "v": [("batch", "kv_heads", "head_dim", "sequence")] * L}
   return param_axes, cache_axes
 
 
@@ -371,7 +411,7 @@ def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
   `extra`: other `Model` fields, e.g. tokenizer= or eos_ids=.
   """
   return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
-               axes_fn=logical_axes, **extra)
+               axes_fn=logical_axes, prepare_fn=unstack, **extra)
 
 
 def init(config: TransformerConfig, seed: int = 0, dtype=jnp.float32) -> Model:

@@ -56,7 +56,11 @@ def test_catch_up_after_plain_rounds_matches_prefill(target, far_draft):
   synced_cache = jax.jit(lambda c: drafter.sync(c, DraftContext(tokens, L), synced, chunk=8))(
       state)
   full = jax.jit(lambda t: drafter.init(t, L, S))(tokens[:, :48])
-  for b in range(B):  # reference layout: k [L, B, Hkv, S, Dh], v [L, B, Hkv, Dh, S]
+  # The reference model keeps one buffer per layer; stacked: k [L, B, Hkv, S, Dh],
+  # v [L, B, Hkv, Dh, S].
+  stack = lambda cache: {name: np.stack(cache[name]) for name in ("k", "v")}
+  synced_cache, full, state = stack(synced_cache), stack(full), stack(state)
+  for b in range(B):
     n = int(L[b]) - 2
     np.testing.assert_allclose(synced_cache["k"][:, b, :, :n], full["k"][:, b, :, :n],
                                rtol=1e-5, atol=1e-5)

@@ -187,7 +187,8 @@ def test_compaction_equals_chain_prefill(gqa_target):
   _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
       state.tokens[:, :int(L.max()) - 1], chain)
   for name in ("k", "v"):
-    got, want = np.asarray(state.target_cache[name]), np.asarray(chain[name])
+    # One buffer per layer, stacked here: k [L, B, Hkv, S, Dh], v [L, B, Hkv, Dh, S].
+    got, want = np.stack(state.target_cache[name]), np.stack(chain[name])
     slot_axis = 3 if name == "k" else 4
     for b in range(B):
       idx = np.arange(L[b] - 1)
