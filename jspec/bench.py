@@ -15,8 +15,9 @@ held-out token windows (models/shipped.py), so nothing is downloaded:
 Sections of the JSON report (and the figures under --out):
 
   k_sweep      batch 1, code: tau, measured speedup and the ideal speedup from
-               in-loop per-round costs (`dynamic.round_costs`) for each drafter
-               and K, plus "auto";
+               in-loop per-call costs (`dynamic.call_costs`) for each drafter
+               and K, plus "auto"; also the whole-round costs "auto" uses
+               (`dynamic.round_costs`);
   batch_sweep  code: speedup of the draft model (fixed K), n-gram and "auto"
                over baseline at each batch size;
   tasks        batch 1: restating and sampled runs;
@@ -131,9 +132,11 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
   S = -(-(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1) // 128) * 128
   report = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"], "rows": {}}
   for dname, drafter in drafters.items():
-    costs = dict(zip((0,) + tuple(s.ks), dynamic.round_costs(
-        target, drafter, 1, S, (0,) + tuple(s.ks))))
+    ks = (0,) + tuple(s.ks)
+    costs = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks)))
     report["costs_ms_" + dname] = {str(k): v * 1e3 for k, v in costs.items()}
+    report["round_costs_ms_" + dname] = {
+        str(k): v * 1e3 for k, v in zip(ks, dynamic.round_costs(target, drafter, 1, S, ks))}
     for k in list(s.ks) + ["auto"]:
       row = _row(res[f"{dname}@{k}"], base, k)
       if k != "auto":

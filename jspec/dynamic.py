@@ -7,14 +7,18 @@ before every round, picks the K with the most expected tokens per unit of time:
 
     a          = (accepted + prior * prior_weight) / (judged + prior_weight)
     tokens(K)  = (1 - a^(K+1)) / (1 - a)          (Leviathan et al. 2022)
-    K*         = argmax_K tokens(K) / cost(K)      cost(0) = T_step,
-                                                   cost(K) = T_verify(K+1) + T_draft(K)
+    K*         = argmax_K tokens(K) / cost(K)      cost(K) = time of one whole round
+                                                   at K (cost(0): a plain round)
 
 `accepted` and `judged` count drafts over the batch's active rows and decay by
-`decay` every drafting round (K = 0 rounds leave them alone). After `probe_every` rounds in a row without drafting, one
-round drafts at the best K >= 1 anyway, so an estimate that once fell too low is
-corrected by new evidence rather than frozen. The costs are measured per batch size
-by a short timing pass (`round_costs`, cached on disk per machine and model).
+`decay` every drafting round (K = 0 rounds leave them alone). After `probe_every`
+rounds in a row without drafting, one round drafts at the best K >= 1 anyway, so an
+estimate that once fell too low is corrected by new evidence rather than frozen;
+each probe that does not bring drafting back doubles the wait (up to 16x). The costs are whole rounds (drafting,
+verification, acceptance, commit) timed per batch size by a short in-loop pass
+(`round_costs`, cached on disk per machine and models). Sums of the calls alone
+(`call_costs`) understate a round by 20-40% at batch 8-64 on XLA CPU, and the
+schedule then speculates where it loses.
 
 Exactness: the K of a round is a function of earlier rounds only, and every branch
 is a complete exact round (its drafts are all judged; none is dropped), so each
@@ -55,6 +59,9 @@ from jspec.drafter import DraftContext
 from jspec.model import Model
 
 
+MAX_GAP_FACTOR = 16  # probes back off to at most this many times `probe_every`
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoK:
   """Static settings of dynamic speculation. Changing them recompiles.
@@ -64,7 +71,8 @@ class AutoK:
   prior_weight: how many judged drafts the prior is worth.
   decay: factor on the evidence per drafting round (1 = never forget).
   probe_every: after this many rounds in a row at K = 0, draft once at the best
-    K >= 1 to refresh the estimate (0: never).
+    K >= 1 to refresh the estimate (0: never); each probe that does not bring
+    drafting back doubles the wait, up to 16 x probe_every.
   ceiling: the most optimistic acceptance; a K that loses to plain decoding even
     at this acceptance is not compiled, and when every K > 0 loses the call runs
     the plain decoding program (no drafter at all).
@@ -139,6 +147,7 @@ class ScheduleState:
   judged: jax.Array  # [] f32 decayed count of judged drafts
   synced: jax.Array  # [B] int32 leading slots the drafter's state is current for
   idle: jax.Array  # [] int32 rounds in a row without drafting
+  gap: jax.Array  # [] int32 idle rounds before the next probe (doubles after each probe)
   rounds: jax.Array  # [C] int32 rounds run with each choice
 
 
@@ -160,6 +169,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   speculation never pays (K = 0 throughout) then never runs the drafter at all.
   """
   lazy = hasattr(drafter, "sync")
+  target, drafter = decode.prepared(target), decode.prepared(drafter)
   state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
                             eos_ids, seeds, config)
   if lazy:
@@ -173,6 +183,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((), jnp.float32)
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
+                                        jnp.asarray(auto.probe_every, jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
 
@@ -185,7 +196,7 @@ def choose(schedule: ScheduleState, auto: AutoK) -> jax.Array:
   best = jnp.argmax(rate).astype(jnp.int32)
   if auto.probe_every:
     probe = jnp.argmax(jnp.where(ks > 0, rate, -jnp.inf)).astype(jnp.int32)
-    best = jnp.where(schedule.idle >= auto.probe_every, probe, best)
+    best = jnp.where(schedule.idle >= schedule.gap, probe, best)
   return best
 
 
@@ -209,12 +220,23 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # drafts, and letting the estimate drift back to the prior during them would make
   # the loop oscillate between K = 0 and a K the drafts do not deserve.
   decay = auto.decay if k > 0 else 1.0
+  # A probe (a drafting round forced after `gap` idle rounds) doubles the gap, up to
+  # MAX_GAP_FACTOR x probe_every: on text the drafter cannot guess, probes and the
+  # drafter's catch-up they need then cost a vanishing share of the rounds. A round
+  # that drafts by choice resets it.
+  if k > 0:
+    probing = sched.idle >= sched.gap
+    gap = jnp.where(probing, jnp.minimum(2 * sched.gap, MAX_GAP_FACTOR * auto.probe_every),
+                    auto.probe_every).astype(jnp.int32)
+  else:
+    gap = sched.gap
   schedule = ScheduleState(
       costs=sched.costs,
       accepted=decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
       judged=decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
       synced=jnp.where(active, s.lengths, sched.synced) if k > 0 else sched.synced,
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
+      gap=gap,
       rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
   )
   return AutoState(new, schedule)
@@ -230,6 +252,8 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   XLA CPU a conditional around the round cost about 10% of a batch-1 step, as the
   whole decode state (KV caches included) passes in and out of it.
   """
+  target, drafter = decode.prepared(target), decode.prepared(drafter)
+
   def not_done(s: AutoState):
     return jnp.any(~s.decode.done)
 
@@ -284,10 +308,12 @@ def _interleaved_times(loops: dict, carries: dict, calls: int, repeats: int) -> 
 def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: int, ks,
                    greedy: bool, prefix: int, calls: int, repeats: int) -> dict[int, float]:
   """Seconds per call, in-loop: role "target" times a call on K+1 tokens for each K,
-  role "drafter" one `propose` of K drafts (K >= 1) after a realistic prefix."""
+  role "drafter" one `propose` of K drafts (K >= 1) after a realistic prefix, role
+  "round" (obj = (target, drafter)) one whole `decode_round` at each K."""
   from jspec import sampling  # local: keeps the module's import surface small
 
   B, S = batch, cache_length
+  obj = decode.prepared(obj)  # as the decoding loops run it
   start = jnp.full((B,), prefix, jnp.int32)
   lengths = start + 1
   # Random ids, not a constant: an n-gram matcher's work depends on what it scans.
@@ -298,6 +324,27 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
       top_p=jnp.ones((B,), jnp.float32))
   keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
   loops, carries = {}, {}
+  if role == "round":
+    target, drafter = obj
+    config = decode.DecodeConfig(max(ks), S)
+    state = jax.jit(
+        lambda t, d: decode.init_state(t, d, tokens, lengths, jnp.full((B,), S, jnp.int32),
+                                       params, jnp.full((1,), -1, jnp.int32),
+                                       jnp.arange(B, dtype=jnp.int32), config))(target, drafter)
+    target, drafter = decode.prepared(target), decode.prepared(drafter)
+    for k in ks:
+      def whole_round(state, i, k=k):
+        # Every round starts from the same committed length (moved by i % 2 so the
+        # work is not loop-invariant): slots stay in bounds however much is accepted.
+        state = dataclasses.replace(state, lengths=lengths + i % 2,
+                                    done=jnp.zeros((B,), jnp.bool_))
+        state = decode.decode_round(target, drafter if k else None, state,
+                                    dataclasses.replace(config, num_draft_tokens=k))
+        return state, state.lengths
+
+      loops[k] = _loop(whole_round, calls)
+      carries[k] = state
+    return _interleaved_times(loops, carries, calls, repeats)
   for k in ks:
     if role == "target":
       def verify(carry, i, k=k):
@@ -341,6 +388,9 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
 
 
 ROUND = -1  # key of a whole plain round's time in the target's measurements
+# Part of every cache key: bump it when jspec's own code changes what a round costs
+# (times measured before no longer describe the loop).
+COSTS_VERSION = 2
 
 
 def _fingerprint(obj) -> Any:
@@ -356,20 +406,15 @@ def cache_path() -> str:
   return os.path.join(root, "costs.json")
 
 
-def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
-                greedy: bool = True, calls: int = 16, repeats: int = 7,
-                use_cache: bool = True) -> tuple[float, ...]:
-  """Seconds per round for each K in `choices` at this batch size, measured in-loop.
-
-  cost(0) is one target call on 1 token; cost(K) one target call on K+1 tokens plus
-  one drafter round of K drafts. Target and drafter times are kept apart in
-  `cache_path()`, each under a key of the machine, the model's shapes and the call's
-  shape, so a second call with the same setup measures nothing and a new drafter
-  beside a known target measures only the drafter.
-  """
+def _machine() -> list:
   dev = jax.devices()[0]
-  machine = [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
-             getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__]
+  return [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
+          getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__]
+
+
+def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: int, calls: int,
+                  repeats: int, use_cache: bool, vocab_size: int) -> list[dict[int, float]]:
+  """Measured seconds per K for each (role, obj, wanted Ks), through the disk cache."""
   path = cache_path()
   table = {}
   if use_cache and os.path.exists(path):
@@ -378,30 +423,63 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
         table = json.load(f)
     except (OSError, ValueError):
       table = {}  # a damaged cache is remeasured, not trusted
-  prefix = max(min(64, cache_length - max(choices) - 2), 0)
-  parts = []
-  for role, obj in (("target", target), ("drafter", drafter)):
-    key_obj = {"machine": machine, "role": role, "model": _fingerprint(obj), "batch": batch,
-               "cache_length": cache_length, "greedy": greedy}
+  out = []
+  for role, obj, wanted in parts:
+    key_obj = {"machine": _machine(), "role": role, "model": _fingerprint(obj), "batch": batch,
+               "cache_length": cache_length, "greedy": greedy, "version": COSTS_VERSION}
     key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
     known = {int(k): float(v) for k, v in table.get(key, {}).items()}
-    wanted = list(choices) + ([0] if role == "target" and ROUND not in known else [])
-    missing = sorted({k for k in wanted if k not in known or k == 0 and ROUND not in known}
-                     if role == "target" else {k for k in choices if k not in known})
+    missing = set(wanted) - set(known)
+    if ROUND in missing:  # a plain round is timed beside the 1-token step
+      missing = (missing - {ROUND}) | {0}
+    missing = sorted(missing)
     if missing:
-      known.update(_measure_costs(role, obj, target.vocab_size, batch, cache_length, missing,
-                                  greedy, prefix, calls, repeats))
+      known.update(_measure_costs(role, obj, vocab_size, batch, cache_length, missing, greedy,
+                                  prefix, calls, repeats))
       table[key] = {str(k): v for k, v in sorted(known.items())}
-    parts.append(known)
+    out.append(known)
   if use_cache:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
       json.dump(table, f, indent=1)
     os.replace(tmp, path)
-  target_t, drafter_t = parts
+  return out
+
+
+def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
+                greedy: bool = True, calls: int = 16, repeats: int = 7,
+                use_cache: bool = True) -> tuple[float, ...]:
+  """Seconds per whole round for each K in `choices` at this batch size, in-loop.
+
+  cost(0) is a plain decoding round; cost(K) a round that drafts K tokens, verifies
+  them, accepts and commits. Kept in `cache_path()` under a key of the machine, the
+  target's and drafter's shapes and the call's shape, so a second call with the same
+  setup measures nothing.
+  """
+  prefix = max(min(64, cache_length - max(choices) - 3), 0)
+  (times,) = _cached_times([("round", (target, drafter), list(choices))], batch, cache_length,
+                           greedy, prefix, calls, repeats, use_cache, target.vocab_size)
+  return monotone(choices, [times[k] for k in choices])
+
+
+def call_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
+               greedy: bool = True, calls: int = 16, repeats: int = 7,
+               use_cache: bool = True) -> tuple[float, ...]:
+  """The sum of a round's calls for each K: T_verify(K+1) + T_draft(K), plus the
+  bookkeeping of a plain round beyond its step; cost(0) is that plain round.
+
+  The inputs of the ideal speedup tau * T_step / (T_verify + K T_draft); the gap
+  between these and `round_costs` is what a round costs beyond its calls.
+  """
+  prefix = max(min(64, cache_length - max(choices) - 2), 0)
+  target_t, drafter_t = _cached_times(
+      [("target", target, sorted(set(choices) | {0, ROUND})),
+       ("drafter", drafter, [k for k in choices if k > 0])],
+      batch, cache_length, greedy, prefix, calls, repeats, use_cache, target.vocab_size)
+  drafter_t[0] = 0.0
   # Every round pays the same bookkeeping beyond its calls (the plain round minus the
-  # step); counting it makes long rounds' fixed costs visible to the schedule.
+  # step); counting it makes long rounds' fixed costs visible.
   extra = max(target_t[ROUND] - target_t[0], 0.0)
   return monotone(choices, [target_t[k] + drafter_t[k] + extra for k in choices])
 
