@@ -18,7 +18,7 @@ A drafter is a pytree (its params are leaves, its settings static) with:
         since acceptance then needs no [B, K, V] array. With params None the
         loop accepts by argmax and ignores q.
 
-Two optional extensions:
+Three optional extensions:
 
     uses_features = True (class attribute)
         the drafter reads the target's final hidden states (Medusa, EAGLE):
@@ -28,6 +28,11 @@ Two optional extensions:
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.tree.Tree` (node i at column i-1), chosen deterministically (by
         rank), so that tree acceptance is exact without draft probabilities.
+    lookup(context, num_drafts) -> (drafts, count)
+        a stateless drafter that knows how many of its drafts it really proposes
+        (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
+        `num_draft_tokens="auto"` then never drafts more than the largest count
+        among active rows in a round (`jspec.dynamic`).
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the

@@ -187,17 +187,41 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
 
-def choose(schedule: ScheduleState, auto: AutoK) -> jax.Array:
-  """Index into `auto.choices` of the K with the most expected tokens per unit cost."""
+def choose(schedule: ScheduleState, auto: AutoK, cap=None) -> jax.Array:
+  """Index into `auto.choices` of the K with the most expected tokens per unit cost.
+
+  cap: optional [] int32, the most drafts the drafter can propose this round
+  (`proposal_cap`); larger K are not considered, K = 0 always is.
+  """
   a = ((schedule.accepted + auto.prior * auto.prior_weight)
        / (schedule.judged + auto.prior_weight))
   ks = jnp.asarray(auto.choices, jnp.float32)
   rate = expected_tokens(a, ks) / schedule.costs
+  if cap is not None:
+    rate = jnp.where((ks == 0) | (ks <= cap.astype(ks.dtype)), rate, -jnp.inf)
   best = jnp.argmax(rate).astype(jnp.int32)
   if auto.probe_every:
-    probe = jnp.argmax(jnp.where(ks > 0, rate, -jnp.inf)).astype(jnp.int32)
-    best = jnp.where(schedule.idle >= schedule.gap, probe, best)
+    probe_rate = jnp.where(ks > 0, rate, -jnp.inf)
+    probe = jnp.argmax(probe_rate).astype(jnp.int32)
+    can_probe = jnp.any(probe_rate > -jnp.inf)
+    best = jnp.where((schedule.idle >= schedule.gap) & can_probe, probe, best)
   return best
+
+
+def proposal_cap(drafter, state: decode.DecodeState, max_k: int):
+  """[] int32: the most drafts any active row's drafter proposes this round, for a
+  drafter with `lookup` (n-gram, datastore: 0 when nothing matches); None otherwise.
+
+  A round then drafts only where there is something to draft: with no match in any
+  row it is a plain step, and the acceptance estimate is built from rounds whose
+  drafts were proposed. The cap is a function of committed tokens only, so the
+  round's K still depends on the past alone (exactness, module docstring).
+  """
+  if not hasattr(drafter, "lookup"):
+    return None
+  context = DraftContext(tokens=state.tokens, lengths=state.lengths)
+  _, count = drafter.lookup(context, max_k)
+  return jnp.max(jnp.where(state.done, 0, count)).astype(jnp.int32)
 
 
 def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
@@ -257,18 +281,20 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   def not_done(s: AutoState):
     return jnp.any(~s.decode.done)
 
+  def pick(s: AutoState):
+    return choose(s.schedule, auto, proposal_cap(drafter, s.decode, auto.max_k))
+
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
       s = fixed_round(target, drafter, s, config, auto, index, sync=True)
-      same = lambda s: not_done(s) & (choose(s.schedule, auto) == index)
+      same = lambda s: not_done(s) & (pick(s) == index)
       return lax.while_loop(same, lambda s: fixed_round(target, drafter, s, config, auto, index),
                             s)
     return run
 
   phases = [phase(i) for i in range(len(auto.choices))]
   with jax.named_scope("auto_loop"):
-    return lax.while_loop(not_done, lambda s: lax.switch(choose(s.schedule, auto), phases, s),
-                          state)
+    return lax.while_loop(not_done, lambda s: lax.switch(pick(s), phases, s), state)
 
 
 # ----------------------------------------------------------------------------- costs

@@ -6,6 +6,8 @@ tokens and must catch up) and through several K values in one generation, and
 check that it did.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,6 +79,43 @@ def test_ngram_greedy_equals_baseline(target):
   out = jspec.speculative_generate(target, jspec.NGram(vocab_size=64, max_ngram=3), prompts,
                                    num_draft_tokens=SWITCHING, **kw)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CountedLookup:
+  """An n-gram drafter whose `lookup` count is replaced: `allow` drafts per round."""
+
+  inner: jspec.NGram
+  allow: int = dataclasses.field(metadata=dict(static=True))
+
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
+  def init(self, tokens, prompt_lengths, cache_length):
+    return self.inner.init(tokens, prompt_lengths, cache_length)
+
+  def propose(self, state, context, num_drafts, params, keys):
+    return self.inner.propose(state, context, num_drafts, params, keys)
+
+  def lookup(self, context, num_drafts):
+    drafts, _ = self.inner.lookup(context, num_drafts)
+    return drafts, jnp.full(context.lengths.shape, self.allow, jnp.int32)
+
+
+@pytest.mark.parametrize("allow", [0, 1, 2])
+def test_lookup_count_caps_k(target, allow):
+  """A drafter with `lookup` never drafts more than its count: with nothing proposed
+  every round is a plain step, whatever the estimate says."""
+  prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]]
+  kw = dict(max_new_tokens=30, eos_id=())
+  eager = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.05, 1.1, 1.2), prior=0.95)
+  drafter = CountedLookup(jspec.NGram(vocab_size=64, max_ngram=3), allow)
+  out = jspec.speculative_generate(target, drafter, prompts, num_draft_tokens=eager, **kw)
+  base = jspec.generate(target, prompts, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  assert max(used(out)) == allow, out.rounds_by_k
 
 
 def test_plain_decoding_when_speculation_cannot_win(target, close_draft):
