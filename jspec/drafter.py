@@ -31,8 +31,8 @@ Three optional extensions:
     lookup(context, num_drafts) -> (drafts, count)
         a stateless drafter that knows how many of its drafts it really proposes
         (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
-        `num_draft_tokens="auto"` then never drafts more than the largest count
-        among active rows in a round (`jspec.dynamic`).
+        `num_draft_tokens="auto"` then never drafts more than the count of the
+        row furthest behind (`jspec.dynamic`).
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the

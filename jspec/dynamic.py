@@ -6,11 +6,12 @@ compiles one round per K in `choices` (0 = plain decoding, no drafter call) and,
 before every round, picks the K with the most expected tokens per unit of time:
 
     a          = (accepted + prior * prior_weight) / (judged + prior_weight)
+                 of the critical row (the active row with the most tokens to go)
     tokens(K)  = (1 - a^(K+1)) / (1 - a)          (Leviathan et al. 2022)
     K*         = argmax_K tokens(K) / cost(K)      cost(K) = time of one whole round
                                                    at K (cost(0): a plain round)
 
-`accepted` and `judged` count drafts over the batch's active rows and decay by
+`accepted` and `judged` count drafts per row and decay by
 `decay` every drafting round (K = 0 rounds leave them alone). After `probe_every`
 rounds in a row without drafting, one round drafts at the best K >= 1 anyway, so an
 estimate that once fell too low is corrected by new evidence rather than frozen;
@@ -143,8 +144,8 @@ class ScheduleState:
   """The running acceptance estimate and the drafter's catch-up point."""
 
   costs: jax.Array  # [C] f32 round cost per choice
-  accepted: jax.Array  # [] f32 decayed count of accepted drafts
-  judged: jax.Array  # [] f32 decayed count of judged drafts
+  accepted: jax.Array  # [B] f32 decayed count of accepted drafts, per row
+  judged: jax.Array  # [B] f32 decayed count of judged drafts, per row
   synced: jax.Array  # [B] int32 leading slots the drafter's state is current for
   idle: jax.Array  # [] int32 rounds in a row without drafting
   gap: jax.Array  # [] int32 idle rounds before the next probe (doubles after each probe)
@@ -181,24 +182,32 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
     synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
   state = dataclasses.replace(state, drafter_state=drafter_state)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
-  zero = jnp.zeros((), jnp.float32)
+  zero = jnp.zeros((tokens.shape[0],), jnp.float32)
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.asarray(auto.probe_every, jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
 
-def choose(schedule: ScheduleState, auto: AutoK, cap=None) -> jax.Array:
-  """Index into `auto.choices` of the K with the most expected tokens per unit cost.
+def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
+  """Index into `auto.choices` of the K with the most expected tokens per unit cost
+  for the critical row: the active row with the most tokens still to generate.
 
-  cap: optional [] int32, the most drafts the drafter can propose this round
-  (`proposal_cap`); larger K are not considered, K = 0 always is.
+  remaining: [B] int32 tokens each row still has to generate (<= 0: done). The loop
+  runs until its last row is done, so the batch advances at the pace of the row
+  furthest behind, not at the batch's mean acceptance: rows that copy their context
+  finish early and then idle while a row the drafter cannot guess sets the length.
+  counts: optional [B] int32, how many drafts the drafter proposes for each row this
+  round (`proposal_counts`); K above the critical row's count are not considered
+  (drafts it does not have cannot speed it up), K = 0 always is.
   """
-  a = ((schedule.accepted + auto.prior * auto.prior_weight)
-       / (schedule.judged + auto.prior_weight))
+  rows = ((schedule.accepted + auto.prior * auto.prior_weight)
+          / (schedule.judged + auto.prior_weight))  # [B]
+  critical = jnp.argmax(remaining)
+  a = rows[critical]
   ks = jnp.asarray(auto.choices, jnp.float32)
   rate = expected_tokens(a, ks) / schedule.costs
-  if cap is not None:
-    rate = jnp.where((ks == 0) | (ks <= cap.astype(ks.dtype)), rate, -jnp.inf)
+  if counts is not None:
+    rate = jnp.where((ks == 0) | (ks <= counts[critical].astype(ks.dtype)), rate, -jnp.inf)
   best = jnp.argmax(rate).astype(jnp.int32)
   if auto.probe_every:
     probe_rate = jnp.where(ks > 0, rate, -jnp.inf)
@@ -208,20 +217,20 @@ def choose(schedule: ScheduleState, auto: AutoK, cap=None) -> jax.Array:
   return best
 
 
-def proposal_cap(drafter, state: decode.DecodeState, max_k: int):
-  """[] int32: the most drafts any active row's drafter proposes this round, for a
-  drafter with `lookup` (n-gram, datastore: 0 when nothing matches); None otherwise.
+def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
+  """[B] int32: how many drafts a drafter with `lookup` (n-gram, datastore: 0 when
+  nothing matches) proposes for each row this round; None for other drafters.
 
-  A round then drafts only where there is something to draft: with no match in any
-  row it is a plain step, and the acceptance estimate is built from rounds whose
-  drafts were proposed. The cap is a function of committed tokens only, so the
-  round's K still depends on the past alone (exactness, module docstring).
+  A round then drafts only when the critical row has something to draft, and the
+  acceptance estimate is built from rounds whose drafts were proposed. The counts
+  are a function of committed tokens only, so the round's K still depends on the
+  past alone (exactness, module docstring).
   """
   if not hasattr(drafter, "lookup"):
     return None
   context = DraftContext(tokens=state.tokens, lengths=state.lengths)
   _, count = drafter.lookup(context, max_k)
-  return jnp.max(jnp.where(state.done, 0, count)).astype(jnp.int32)
+  return count.astype(jnp.int32)
 
 
 def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
@@ -256,8 +265,8 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
     gap = sched.gap
   schedule = ScheduleState(
       costs=sched.costs,
-      accepted=decay * sched.accepted + jnp.sum(n).astype(jnp.float32),
-      judged=decay * sched.judged + jnp.sum(judged).astype(jnp.float32),
+      accepted=decay * sched.accepted + jnp.where(active, n, 0).astype(jnp.float32),
+      judged=decay * sched.judged + judged.astype(jnp.float32),
       synced=jnp.where(active, s.lengths, sched.synced) if k > 0 else sched.synced,
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
       gap=gap,
@@ -282,7 +291,8 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
     return jnp.any(~s.decode.done)
 
   def pick(s: AutoState):
-    return choose(s.schedule, auto, proposal_cap(drafter, s.decode, auto.max_k))
+    remaining = jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
+    return choose(s.schedule, auto, remaining, proposal_counts(drafter, s.decode, auto.max_k))
 
   def phase(index: int):
     def run(s: AutoState) -> AutoState:

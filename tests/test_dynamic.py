@@ -140,7 +140,8 @@ def test_sampled_whole_sequences_follow_target(monkeypatch):
   target = jspec.models.init(config, seed=21)
   draft = jspec.models.init(config, seed=22)
   exact = enumeration.exact_distribution(target, 1.0, 0)
-  auto = dynamic.AutoK(choices=(0, 1, 3), costs=(0.9, 1.0, 1.7), prior=0.95, prior_weight=1e-3)
+  # K = 3 at the prior; K = 1 once the critical row has seen a rejection.
+  auto = dynamic.AutoK(choices=(0, 1, 3), costs=(1.5, 1.0, 1.7), prior=0.95, prior_weight=1e-3)
   spec = jspec.speculative_generate(target, draft, [enumeration.PROMPT] * enumeration.ROWS,
                                     num_draft_tokens=auto, max_new_tokens=enumeration.NEW,
                                     temperature=1.0, seed=77, eos_id=())
