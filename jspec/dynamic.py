@@ -459,7 +459,7 @@ def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: in
         table = json.load(f)
     except (OSError, ValueError):
       table = {}  # a damaged cache is remeasured, not trusted
-  out = []
+  out, measured = [], False
   for role, obj, wanted in parts:
     key_obj = {"machine": _machine(), "role": role, "model": _fingerprint(obj), "batch": batch,
                "cache_length": cache_length, "greedy": greedy, "version": COSTS_VERSION}
@@ -473,8 +473,9 @@ def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: in
       known.update(_measure_costs(role, obj, vocab_size, batch, cache_length, missing, greedy,
                                   prefix, calls, repeats))
       table[key] = {str(k): v for k, v in sorted(known.items())}
+      measured = True
     out.append(known)
-  if use_cache:
+  if use_cache and measured:  # a call that only read the cache leaves the file alone
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:

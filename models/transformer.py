@@ -34,7 +34,7 @@ Decoding unrolls the layers instead, over per-layer weights that `unstack`
 (the model's `prepare_fn`) cuts once per decoding program, before the loop. A
 scan slices each layer's weights out of the stacked arrays on every step, and
 XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
-target, which made a batch-1 step about 1.5x slower.
+target, which made a batch-1 step about 1.7x slower.
 
 Cache: one K buffer [B, Hkv, S, Dh] and one V buffer [B, Hkv, Dh, S] per layer
 ({"k": [L arrays], "v": [L arrays]}). XLA CPU's attention matmuls consume exactly
