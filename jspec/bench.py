@@ -225,15 +225,10 @@ def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
 def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> float:
   """Seconds per token of jspec's plain decoding at batch 1, steady state: one long
   generation (the per-call fixed cost spread over `new_tokens`), median of repeats."""
-  run = lambda: jax.block_until_ready(
-      generate(target, [prompt], max_new_tokens=new_tokens, eos_id=()).tokens)
-  run()  # compile
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times) / new_tokens
+  res = side_by_side(
+      {"baseline": lambda: generate(target, [prompt], max_new_tokens=new_tokens, eos_id=())},
+      repeats)
+  return res["baseline"]["time"] / new_tokens
 
 
 def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
