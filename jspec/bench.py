@@ -83,17 +83,31 @@ def _tokens_out(out) -> int:
 
 
 def side_by_side(calls: dict, repeats: int) -> dict:
-  """{name: {"time": median s, "out": last output}}: compile all, then interleave."""
+  """{name: {"time": median s, "times": [s per repeat], "out": last output}}: compile
+  all, then interleave, the order reversed every other repeat (no call always runs
+  right after the same neighbour)."""
   outs = {name: fn() for name, fn in calls.items()}
   jax.block_until_ready([o.tokens for o in outs.values()])
   times = {name: [] for name in calls}
-  for _ in range(repeats):
-    for name, fn in calls.items():
+  names = list(calls)
+  for r in range(repeats):
+    for name in (names if r % 2 == 0 else names[::-1]):
       t0 = time.perf_counter()
-      outs[name] = fn()
+      outs[name] = calls[name]()
       jax.block_until_ready(outs[name].tokens)
       times[name].append(time.perf_counter() - t0)
-  return {name: {"time": statistics.median(times[name]), "out": outs[name]} for name in calls}
+  return {name: {"time": statistics.median(times[name]), "times": times[name],
+                 "out": outs[name]} for name in calls}
+
+
+def paired_speedup(base: dict, res: dict) -> float:
+  """Median over repeats of base time / this time, each pair timed in the same repeat.
+
+  Load on a shared machine drifts over seconds; a ratio of two runs made next to each
+  other cancels most of it, where a ratio of two medians taken over the whole sweep
+  does not.
+  """
+  return statistics.median(b / x for b, x in zip(base["times"], res["times"]))
 
 
 def _row(res, base, k=None):
@@ -101,7 +115,7 @@ def _row(res, base, k=None):
   calls = max(int(np.max(np.asarray(out.stats.target_calls))), 1)
   row = {"time_s": res["time"], "tokens_per_s": _tokens_out(out) / res["time"],
          "tau": _tokens_out(out) / max(int(np.sum(np.asarray(out.stats.target_calls))), 1),
-         "speedup": base["time"] / res["time"], "rounds": calls}
+         "speedup": paired_speedup(base, res), "rounds": calls}
   if k is not None:
     row["k"] = k
   if out.rounds_by_k is not None:
@@ -223,12 +237,22 @@ def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
 
 
 def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> float:
-  """Seconds per token of jspec's plain decoding at batch 1, steady state: one long
-  generation (the per-call fixed cost spread over `new_tokens`), median of repeats."""
-  res = side_by_side(
-      {"baseline": lambda: generate(target, [prompt], max_new_tokens=new_tokens, eos_id=())},
-      repeats)
-  return res["baseline"]["time"] / new_tokens
+  """Seconds per decode step of jspec's plain decoding at batch 1, steady state.
+
+  Two generations with the same cache, `new_tokens` and a quarter of that, timed in
+  turn: the difference of their times over the difference of their lengths (median
+  over repeats) is what one more step costs, without the call's fixed part (the
+  prompt's prefill, host-side checks, transfers), which a long run only dilutes.
+  """
+  short = max(new_tokens // 4, 1)
+  if new_tokens <= short:
+    raise ValueError(f"baseline_step needs new_tokens >= 2, got {new_tokens}")
+  cache = -(-(len(prompt) + new_tokens + 1) // 128) * 128
+  run = lambda n: lambda: generate(target, [prompt], max_new_tokens=n, eos_id=(),
+                                   cache_length=cache)
+  res = side_by_side({"long": run(new_tokens), "short": run(short)}, repeats)
+  return statistics.median(
+      (a - b) / (new_tokens - short) for a, b in zip(res["long"]["times"], res["short"]["times"]))
 
 
 def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
@@ -236,7 +260,8 @@ def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
 
   A decode step reads every weight once, so it cannot beat weight bytes / bandwidth
   (unless the weights sit in cache, which this does not model). The bandwidth and
-  jspec's time per token (`baseline_step`) are measured here, one after the other.
+  jspec's time per decode step (`baseline_step`) are measured here, one after the
+  other.
   """
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(target.params))
   bw = memory_bandwidth()
@@ -307,7 +332,8 @@ def transformers_side(target: Model, draft: Model, prompts, jspec_rows: dict, s:
                           f"greedy_b{batch}": N * batch / t[f"greedy_b{batch}"]},
          "jspec_tokens_per_s_b1": tokens_b1 / t["jspec_b1"],
          f"jspec_tokens_per_s_b{batch}": N * batch / t[f"jspec_b{batch}"],
-         "assisted_speedup": t["greedy_b1"] / t["assisted_b1"],
+         "assisted_speedup": statistics.median(
+             g / a for g, a in zip(times["greedy_b1"], times["assisted_b1"])),
          "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__}
   out.update(jspec_rows)
   return out

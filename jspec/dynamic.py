@@ -117,8 +117,12 @@ class AutoK:
 
 
 def expected_tokens(a, ks):
-  """Expected tokens per round at per-draft acceptance a with K drafts: (1-a^(K+1))/(1-a)."""
-  a = jnp.clip(a, 0.0, 0.999)
+  """Expected tokens per round at per-draft acceptance a with K drafts: (1-a^(K+1))/(1-a).
+
+  NumPy in, NumPy out (host-side pruning, no device round trip); traced in, traced out.
+  """
+  xp = jnp if any(isinstance(x, jax.Array) for x in (a, ks)) else np
+  a = xp.clip(a, 0.0, 0.999)
   return (1.0 - a ** (ks + 1.0)) / (1.0 - a)
 
 
@@ -129,7 +133,7 @@ def worthwhile(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
   """
   ks = np.asarray(auto.choices, np.float64)
   c = np.asarray(costs, np.float64)
-  rate = np.asarray(expected_tokens(auto.ceiling, ks)) / c
+  rate = expected_tokens(np.float64(auto.ceiling), ks) / c
   base = rate[ks == 0][0] if np.any(ks == 0) else 0.0
   keep = (ks == 0) | (rate > base)
   return (tuple(int(k) for k in ks[keep]), tuple(float(x) for x in c[keep]))
@@ -426,7 +430,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
 ROUND = -1  # key of a whole plain round's time in the target's measurements
 # Part of every cache key: bump it when jspec's own code changes what a round costs
 # (times measured before no longer describe the loop).
-COSTS_VERSION = 2
+COSTS_VERSION = 3
 
 
 def _fingerprint(obj) -> Any:
@@ -448,17 +452,34 @@ def _machine() -> list:
           getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__]
 
 
-def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: int, calls: int,
-                  repeats: int, use_cache: bool, vocab_size: int) -> list[dict[int, float]]:
-  """Measured seconds per K for each (role, obj, wanted Ks), through the disk cache."""
-  path = cache_path()
-  table = {}
-  if use_cache and os.path.exists(path):
+_TABLES: dict = {}  # path -> ((mtime_ns, size), table): the file parsed once, not per call
+
+
+def _read_table(path: str) -> dict:
+  """The cost file as a dict (a copy); {} when absent or damaged (then remeasured)."""
+  try:
+    st = os.stat(path)
+  except OSError:
+    return {}
+  stamp = (st.st_mtime_ns, st.st_size)
+  memo = _TABLES.get(path)
+  if memo is None or memo[0] != stamp:
     try:
       with open(path) as f:
         table = json.load(f)
     except (OSError, ValueError):
       table = {}  # a damaged cache is remeasured, not trusted
+    if not isinstance(table, dict):
+      table = {}
+    memo = _TABLES[path] = (stamp, table)
+  return dict(memo[1])
+
+
+def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: int, calls: int,
+                  repeats: int, use_cache: bool, vocab_size: int) -> list[dict[int, float]]:
+  """Measured seconds per K for each (role, obj, wanted Ks), through the disk cache."""
+  path = cache_path()
+  table = _read_table(path) if use_cache else {}
   out, measured = [], False
   for role, obj, wanted in parts:
     key_obj = {"machine": _machine(), "role": role, "model": _fingerprint(obj), "batch": batch,

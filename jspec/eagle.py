@@ -10,7 +10,7 @@ distributions, and the target's frozen token embedding feeds the tokens back in:
     logits(f^_j) = LM_head(f^_j)              predicts t_{j+1}
 
 The decoder layer is the target family's (RMSNorm pre-norm, RoPE, GQA, SwiGLU),
-with its own K/V cache of one layer, [B, Hkv, S, Dh] and [B, Hkv, Dh, S].
+with its own K/V cache of one layer, [B, Hkv, Dh, S] and [B, Hkv, S, Dh].
 
 Decode-state invariant: at the start of `propose` the cache holds the true pairs
 for slots <= feature_start (everything before the catch-up block); anything past
@@ -262,8 +262,8 @@ class Eagle:
     head's)."""
     c = self.config
     dtype = self.params["fc"]["kernel"].dtype if dtype is None else dtype
-    return {"k": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype),
-            "v": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype)}
+    return {"k": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype),
+            "v": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype)}
 
   def forward(self, params, features, tokens, cache, slots, positions, visible):
     """The head on a block of pairs.
@@ -326,7 +326,7 @@ class Eagle:
     toks = jnp.take_along_axis(context.tokens, jnp.clip(slots, 0, S_tok - 1), axis=1)
     with jax.named_scope("eagle_catch_up"):
       out, cache = self.forward(self.params, f_in, toks, cache, slots,
-                                slots, _causal(slots, cache["k"].shape[2]))
+                                slots, _causal(slots, cache["k"].shape[3]))
     at = jnp.clip(L - 1 - start, 0, F - 1)
     f_last = jnp.take_along_axis(out, at[:, None, None], axis=1)[:, 0]  # f^_{L-1} [B, D]
     return f_last, cache
@@ -340,7 +340,7 @@ class Eagle:
     argmax drafts) and the updated cache.
     """
     greedy = params is None  # static
-    S = cache["k"].shape[2]
+    S = cache["k"].shape[3]
 
     def draw(f, i):  # f [B, D] -> d [B], q [B, V] or None
       logits = self.logits(f[:, None])[:, 0]
@@ -390,7 +390,7 @@ class Eagle:
     R = int(ranks[1:].max()) + 1
     if R > self.vocab_size:
       raise ValueError(f"tree ranks go up to {R - 1}, beyond the vocabulary ({self.vocab_size})")
-    S = cache["k"].shape[2]
+    S = cache["k"].shape[3]
     L = context.lengths.astype(jnp.int32)
     root = L - 1  # [B] slot of node 0
     anc = jnp.asarray(ancestors)  # [N, N]
@@ -480,11 +480,11 @@ def _forward(config: EagleConfig, params, features, embeddings, cache, slots, po
     v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
     q = layers.rope(q, positions, c.rope_theta)
     k = layers.rope(k, positions, c.rope_theta)
-    k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
-    v = v.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+    k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+    v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
     if cache is not None:
-      k = _write(cache["k"], k, slots, axis=2)
-      v = _write(cache["v"], v, slots, axis=3)
+      k = _write(cache["k"], k, slots, axis=3)
+      v = _write(cache["v"], v, slots, axis=2)
       cache = {"k": k, "v": v}
       # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
       # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.

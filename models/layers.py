@@ -194,20 +194,51 @@ def _dense(x, w, b=None):
 def attention(q, k, v, visible, scale: float, softcap: float | None = None) -> jax.Array:
   """Grouped-query attention.
 
-  q [B, T, H, Dh]; k [B, Hkv, S, Dh]; v [B, Hkv, Dh, S]; visible bool [B, T, S].
+  q [B, T, H, Dh]; k [B, Hkv, Dh, S]; v [B, Hkv, S, Dh]; visible bool [B, T, S].
+  These K/V layouts are the ones XLA CPU's batched matmuls read in place: K with
+  the slot axis minor, V with the head dim minor (models/transformer.py).
   Returns [B, T, H, Dh].
   """
   B, T, H, Dh = q.shape
   Hkv = k.shape[1]
   G = H // Hkv
   q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, Dh]
-  scores = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.einsum("bkgtd,bkds->bkgts", q, k, preferred_element_type=jnp.float32) * scale
   if softcap is not None:  # Gemma 2: bound attention logits smoothly
     scores = jnp.tanh(scores / softcap) * softcap
   scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bkds->bkgtd", probs, v)  # [B, Hkv, G, T, Dh]
+  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)  # [B, Hkv, G, T, Dh]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
+
+
+def step_attention(q, k_cache, v_cache, k_new, v_new, visible, scale: float,
+                   softcap: float | None = None) -> jax.Array:
+  """Attention of one new token per row to the cache as it was before this step, plus
+  to its own K/V, which the caller writes into the cache separately.
+
+  q [B, 1, H, Dh]; k_cache [B, Hkv, Dh, S]; v_cache [B, Hkv, S, Dh]; k_new [B, Hkv, Dh, 1];
+  v_new [B, Hkv, 1, Dh]; visible bool [B, 1, S] over the cache's slots (the token's own
+  slot excluded: it sees itself through k_new). Returns [B, 1, H, Dh], equal to
+  `attention` over the updated cache up to float rounding.
+  """
+  B, T, H, Dh = q.shape
+  Hkv = k_cache.shape[1]
+  G = H // Hkv
+  q = q.reshape(B, Hkv, G, Dh)
+  old = jnp.einsum("bkgd,bkds->bkgs", q, k_cache, preferred_element_type=jnp.float32) * scale
+  new = jnp.sum(q.astype(jnp.float32) * k_new[..., 0][:, :, None].astype(jnp.float32), axis=-1,
+                keepdims=True) * scale  # [B, Hkv, G, 1]
+  if softcap is not None:
+    old, new = jnp.tanh(old / softcap) * softcap, jnp.tanh(new / softcap) * softcap
+  old = jnp.where(visible[:, :, None, :], old, -jnp.inf)  # [B, 1, 1, S] over [B, Hkv, G, S]
+  top = jnp.maximum(jnp.max(old, axis=-1, keepdims=True), new)
+  p_old, p_new = jnp.exp(old - top), jnp.exp(new - top)
+  total = jnp.sum(p_old, axis=-1, keepdims=True) + p_new
+  out = (jnp.einsum("bkgs,bksd->bkgd", p_old.astype(v_cache.dtype), v_cache,
+                    preferred_element_type=jnp.float32)
+         + p_new * v_new[:, :, 0][:, :, None].astype(jnp.float32)) / total  # [B, Hkv, G, Dh]
+  return out.astype(v_cache.dtype).reshape(B, 1, H, Dh)
 
 
 OPTION_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (

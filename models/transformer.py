@@ -36,12 +36,24 @@ scan slices each layer's weights out of the stacked arrays on every step, and
 XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
 target, which made a batch-1 step about 1.7x slower.
 
-Cache: one K buffer [B, Hkv, S, Dh] and one V buffer [B, Hkv, Dh, S] per layer
-({"k": [L arrays], "v": [L arrays]}). XLA CPU's attention matmuls consume exactly
-these layouts; others transpose the whole cache every step (measured 1.4-1.6x
-slower at batch 8-32, DESIGN.md). Separate buffers per layer let each step
-write its new slots in place and read the layer's cache without a copy, which
-one stacked [L, ...] buffer did not allow once the layers are unrolled.
+Cache: one K buffer [B, Hkv, Dh, S] and one V buffer [B, Hkv, S, Dh] per layer
+({"k": [L arrays], "v": [L arrays]}): the slot axis minor in K, the head dim
+minor in V, which is how XLA CPU's batched attention matmuls read their right
+operand. With per-layer buffers the opposite layouts (K [.., S, Dh], V [.., Dh, S])
+made XLA transpose every layer's cache on every step: a batch-8 / 32 decode step
+took 1.25x / 1.38x as long (5 interleaved runs of 128-256 tokens each); at batch 1
+the two layouts time the same. Separate buffers per layer let each step write its
+new slots in place and read the layer's cache without a copy, which one stacked
+[L, ...] buffer did not allow once the layers are unrolled.
+
+One case differs: a one-token step at batch 1 (plain decoding, a draft model's
+steps). There XLA drops the size-1 batch axis from the attention matmuls, and the
+reshaped read of the just-written buffer made it copy every layer's K/V buffers
+at each step. That step attends to the cache as it was before the step and to its
+own K/V apart (`layers.step_attention`), then writes them: 1.17-1.23x faster
+batch-1 steps (three interleaved comparisons, 256 tokens, 7-9 repeats). At batch 8
+the same split was 0.77x and for verify blocks 0.93x, so they keep one attention
+over the updated cache.
 """
 
 from __future__ import annotations
@@ -185,8 +197,8 @@ def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.flo
   c = config
   L, Hkv, Dh = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
   return {
-      "k": [jnp.zeros((batch, Hkv, length, Dh), dtype) for _ in range(L)],  # L x [B, Hkv, S, Dh]
-      "v": [jnp.zeros((batch, Hkv, Dh, length), dtype) for _ in range(L)],  # L x [B, Hkv, Dh, S]
+      "k": [jnp.zeros((batch, Hkv, Dh, length), dtype) for _ in range(L)],  # L x [B, Hkv, Dh, S]
+      "v": [jnp.zeros((batch, Hkv, length, Dh), dtype) for _ in range(L)],  # L x [B, Hkv, S, Dh]
   }
 
 
@@ -261,8 +273,10 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     visible = jnp.broadcast_to(block_mask[None], (B, T, T))
     kv_pos = positions
   else:
-    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"][0].shape[2])
+    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"][0].shape[3])
   sliding = any(c.windows())  # static: full-attention models skip the window mask
+  if cache is not None and B == 1 and T == 1:
+    before_start = jnp.arange(visible.shape[2])[None, None, :] < start[:, None, None]  # [B,1,S]
   behind = positions[:, :, None] - kv_pos[:, None, :]  # [B, T, S] distance back
   scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
   norm = functools.partial(c.norm, eps=c.rms_norm_eps)
@@ -279,14 +293,22 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
       if rotary is not None:
         q = layers.rope(q, positions, c.rope_theta, rotary.scaling)
         k = layers.rope(k, positions, c.rope_theta, rotary.scaling)
-      k = k.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
-      v = v.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
-      if layer_cache is not None:
-        k = _write(layer_cache["k"], k, start, axis=2)  # [B, Hkv, S, Dh]
-        v = _write(layer_cache["v"], v, start, axis=3)  # [B, Hkv, Dh, S]
-        layer_cache = {"k": k, "v": v}
+      k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+      v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
       seen = visible & ((window == 0) | (behind < window)) if sliding else visible
-      out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
+      if layer_cache is not None and B == 1 and T == 1:
+        # One token at batch 1: attend to the cache as it was, and to the token's own
+        # K/V apart (module docstring: 1.17-1.23x faster steps on XLA CPU here).
+        out = layers.step_attention(q, layer_cache["k"], layer_cache["v"], k, v,
+                                    seen & before_start, scale, c.attn_logit_softcapping)
+        layer_cache = {"k": _write(layer_cache["k"], k, start, axis=3),
+                       "v": _write(layer_cache["v"], v, start, axis=2)}
+      else:
+        if layer_cache is not None:
+          k = _write(layer_cache["k"], k, start, axis=3)  # [B, Hkv, Dh, S]
+          v = _write(layer_cache["v"], v, start, axis=2)  # [B, Hkv, S, Dh]
+          layer_cache = {"k": k, "v": v}
+        out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
       out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
       if "bo" in w:
         out = out + w["bo"][None, None, :]
@@ -400,8 +422,8 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
 
   param_axes = jax.tree_util.tree_map_with_path(axes, params)
   L = config.num_hidden_layers
-  cache_axes = {"k": [("batch", "kv_heads", "sequence", "head_dim")] * L,
-                "v": [("batch", "kv_heads", "head_dim", "sequence")] * L}
+  cache_axes = {"k": [("batch", "kv_heads", "head_dim", "sequence")] * L,
+                "v": [("batch", "kv_heads", "sequence", "head_dim")] * L}
   return param_axes, cache_axes
 
 

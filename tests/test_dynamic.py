@@ -58,18 +58,18 @@ def test_catch_up_after_plain_rounds_matches_prefill(target, far_draft):
   synced_cache = jax.jit(lambda c: drafter.sync(c, DraftContext(tokens, L), synced, chunk=8))(
       state)
   full = jax.jit(lambda t: drafter.init(t, L, S))(tokens[:, :48])
-  # The reference model keeps one buffer per layer; stacked: k [L, B, Hkv, S, Dh],
-  # v [L, B, Hkv, Dh, S].
+  # The reference model keeps one buffer per layer; stacked: k [L, B, Hkv, Dh, S],
+  # v [L, B, Hkv, S, Dh].
   stack = lambda cache: {name: np.stack(cache[name]) for name in ("k", "v")}
   synced_cache, full, state = stack(synced_cache), stack(full), stack(state)
   for b in range(B):
     n = int(L[b]) - 2
-    np.testing.assert_allclose(synced_cache["k"][:, b, :, :n], full["k"][:, b, :, :n],
+    np.testing.assert_allclose(synced_cache["k"][:, b, :, :, :n], full["k"][:, b, :, :, :n],
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(synced_cache["v"][:, b, :, :, :n], full["v"][:, b, :, :, :n],
+    np.testing.assert_allclose(synced_cache["v"][:, b, :, :n], full["v"][:, b, :, :n],
                                rtol=1e-5, atol=1e-5)
   # Without the catch-up the stale slots differ: the test can fail.
-  assert not np.allclose(state["k"][:, 0, :, :39], full["k"][:, 0, :, :39], atol=1e-3)
+  assert not np.allclose(state["v"][:, 0, :, :39], full["v"][:, 0, :, :39], atol=1e-3)
 
 
 def test_ngram_greedy_equals_baseline(target):

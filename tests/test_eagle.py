@@ -146,10 +146,11 @@ def assert_cache_matches_prefill(eagle, state, tokens, hidden, L):
                 jnp.asarray(hidden[:, :T - 1]))
   for b in range(tokens.shape[0]):
     n = int(L[b])
-    np.testing.assert_allclose(np.asarray(state["k"][b, :, :n]), np.asarray(fresh["k"][b, :, :n]),
+    # k [B, Hkv, Dh, S], v [B, Hkv, S, Dh]
+    np.testing.assert_allclose(np.asarray(state["k"][b, :, :, :n]),
+                               np.asarray(fresh["k"][b, :, :, :n]), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state["v"][b, :, :n]), np.asarray(fresh["v"][b, :, :n]),
                                atol=2e-5, rtol=1e-5)
-    np.testing.assert_allclose(np.asarray(state["v"][b, :, :, :n]),
-                               np.asarray(fresh["v"][b, :, :, :n]), atol=2e-5, rtol=1e-5)
 
 
 @jax.jit
@@ -201,8 +202,8 @@ def test_shapes_and_protocol(eagle, target, sequences):
   L = np.array([1, 4, 7])
   state = start_state(eagle, tokens, hidden, L, rng)
   c = eagle.config
-  assert state["k"].shape == (3, c.num_key_value_heads, S, c.head_dim)
-  assert state["v"].shape == (3, c.num_key_value_heads, c.head_dim, S)
+  assert state["k"].shape == (3, c.num_key_value_heads, c.head_dim, S)
+  assert state["v"].shape == (3, c.num_key_value_heads, S, c.head_dim)
   ctx = context(tokens, hidden, L, L - 1 - (K + 1), K + 1, rng)
   drafts, q, new = _propose(eagle, state, ctx, None, None, K)
   assert drafts.shape == (3, K) and drafts.dtype == jnp.int32 and q is None

@@ -187,9 +187,9 @@ def test_compaction_equals_chain_prefill(gqa_target):
   _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
       state.tokens[:, :int(L.max()) - 1], chain)
   for name in ("k", "v"):
-    # One buffer per layer, stacked here: k [L, B, Hkv, S, Dh], v [L, B, Hkv, Dh, S].
+    # One buffer per layer, stacked here: k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh].
     got, want = np.stack(state.target_cache[name]), np.stack(chain[name])
-    slot_axis = 3 if name == "k" else 4
+    slot_axis = 4 if name == "k" else 3
     for b in range(B):
       idx = np.arange(L[b] - 1)
       np.testing.assert_allclose(np.take(got[:, b], idx, axis=slot_axis - 1),
