@@ -7,6 +7,7 @@ check that it did.
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -160,6 +161,13 @@ def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
 
   monkeypatch.setattr(dynamic, "_measure_costs", measured_again)
   assert dynamic.round_costs(target, drafter, 1, 128, (2, 0)) == first[::-1]
+  # The parsed file is kept per version of the file: another process's edit is seen.
+  path = tmp_path / "costs.json"
+  table = json.loads(path.read_text())
+  path.write_text(json.dumps({key: {k: 2 * t for k, t in times.items()}
+                              for key, times in table.items()}, indent=2))
+  assert dynamic.round_costs(target, drafter, 1, 128, (0, 2)) == pytest.approx(
+      tuple(2 * c for c in first))
   # A damaged cache file is remeasured, not trusted.
   (tmp_path / "costs.json").write_text("{not json")
   with pytest.raises(AssertionError, match="measured twice"):

@@ -31,6 +31,50 @@ def test_cached_blocks_equal_full_forward(heads, kv_heads, tie):
   chex.assert_trees_all_close(jnp.concatenate(pieces, axis=1), full, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("window,softcap", [(None, None), (4, 5.0)], ids=["full", "window-softcap"])
+def test_batch1_steps_equal_full_forward(heads, kv_heads, window, softcap):
+  """One-token steps at batch 1 (the split step attention) match the full forward pass,
+  over a cache whose later slots hold stale garbage."""
+  import dataclasses
+  config = dataclasses.replace(tiny_config(heads=heads, kv_heads=kv_heads),
+                               sliding_window=window, attn_logit_softcapping=softcap)
+  model = jspec.models.init(config, seed=4)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, 64, size=(1, 10)), jnp.int32)
+  full = model.logits(tokens)  # [1, T, V]
+  cache = jax.tree_util.tree_map(lambda x: x + 7.0, model.init_cache(1, 16))  # stale slots
+  _, _, cache = jit_apply(model, tokens[:, :3], cache, jnp.zeros((1,), jnp.int32))
+  steps = []
+  for pos in range(3, 10):
+    logits, _, cache = jit_apply(model, tokens[:, pos:pos + 1], cache,
+                                 jnp.full((1,), pos, jnp.int32))
+    steps.append(logits)
+  chex.assert_trees_all_close(jnp.concatenate(steps, axis=1), full[:, 3:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_step_attention_equals_attention_over_updated_cache(kv_heads):
+  from jspec.models import layers
+  B, H, Dh, S = 2, 4, 8, 12
+  rng = np.random.default_rng(5)
+  q = jnp.asarray(rng.normal(size=(B, 1, H, Dh)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(B, kv_heads, Dh, S)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(B, kv_heads, S, Dh)), jnp.float32)
+  k_new = jnp.asarray(rng.normal(size=(B, kv_heads, Dh, 1)), jnp.float32)
+  v_new = jnp.asarray(rng.normal(size=(B, kv_heads, 1, Dh)), jnp.float32)
+  start = np.array([5, 0])  # row 1: an empty cache, the token sees itself only
+  slots = np.arange(S)
+  k_up, v_up = np.array(k), np.array(v)
+  for b in range(B):
+    k_up[b, :, :, start[b]] = k_new[b, :, :, 0]
+    v_up[b, :, start[b]] = v_new[b, :, 0]
+  seen_all = jnp.asarray(slots[None, None, :] <= start[:, None, None])  # [B, 1, S]
+  seen_old = jnp.asarray(slots[None, None, :] < start[:, None, None])
+  want = layers.attention(q, jnp.asarray(k_up), jnp.asarray(v_up), seen_all, 0.3, 2.0)
+  got = layers.step_attention(q, k, v, k_new, v_new, seen_old, 0.3, 2.0)
+  chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_rows_with_different_starts():
   """Rows decode at their own offsets: each matches its own full forward pass."""
   model = jspec.models.init(tiny_config(), seed=2)
