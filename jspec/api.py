@@ -165,7 +165,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
         f"longest prompt ({int(lengths.max())}) + max_new_tokens ({int(max_new.max())}) exceeds "
         f"the model's max_position_embeddings ({target.max_length})")
   if cache_length is None:
-    S = _round_up(needed, CACHE_BUCKET)
+    S = cache_bucket(needed)
   else:
     S = int(cache_length)
     if S < needed:
@@ -360,3 +360,9 @@ def _prompt_bucket(P: int) -> int:
 
 def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
+
+
+def cache_bucket(slots: int) -> int:
+  """The cache length `generate` picks when `slots` are needed (a multiple of
+  CACHE_BUCKET): calls in the same bucket share a compiled program."""
+  return _round_up(slots, CACHE_BUCKET)

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import dynamic
-from jspec.api import generate, speculative_generate
+from jspec.api import cache_bucket, generate, speculative_generate
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.ngram import NGram
@@ -144,7 +144,7 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
            for name in per_prompt[0]}
   res = side_by_side(calls, s.repeats)
   base = res.pop("baseline")
-  S = -(-(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1) // 128) * 128
+  S = cache_bucket(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1)
   report = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"], "rows": {}}
   for dname, drafter in drafters.items():
     ks = (0,) + tuple(s.ks)
@@ -248,7 +248,7 @@ def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7
   short = max(new_tokens // 4, 1)
   if new_tokens <= short:
     raise ValueError(f"baseline_step needs new_tokens >= 2, got {new_tokens}")
-  cache = -(-(len(prompt) + new_tokens + 1) // 128) * 128
+  cache = cache_bucket(len(prompt) + new_tokens + 1)
   run = lambda n: lambda: generate(target, [prompt], max_new_tokens=n, eos_id=(),
                                    cache_length=cache)
   res = side_by_side({"long": run(new_tokens), "short": run(short)}, repeats)

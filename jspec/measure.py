@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import costs
-from jspec.api import generate, speculative_generate
+from jspec.api import cache_bucket, generate, speculative_generate
 from jspec.draft_model import DraftModel
 from jspec.drafter import DraftContext
 from jspec.model import Model
@@ -116,7 +116,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
       spent[name].append(t)
 
   longest = max(len(p) for p in prompts)
-  S = -(-(longest + max_new_tokens + max(ks) + 1) // 128) * 128
+  S = cache_bucket(longest + max_new_tokens + max(ks) + 1)
   prefix = min(longest, S - max(ks) - 2)
   t_step = costs.call_time(target, len(groups[0]), 1, S, prefix=prefix)
   base_time = statistics.median(spent["base"])
