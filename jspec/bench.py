@@ -5,8 +5,9 @@
 
 One process, side by side; every variant is compiled first, then timed in
 interleaved repeats. Times are medians; a speedup is the median over repeats of
-baseline time / variant time within the same repeat (`paired_speedup`). Task sets come from the shipped checkpoints'
-held-out token windows (models/shipped.py), so nothing is downloaded:
+baseline time / variant time within the same repeat (`paired_speedup`). Task
+sets come from the shipped checkpoints' held-out token windows (models/shipped.py),
+so nothing is downloaded:
 
   code      held-out code prompts (64 tokens), greedy completion;
   restate   a held-out window, a separator, then the window's first half again:
@@ -101,14 +102,14 @@ def side_by_side(calls: dict, repeats: int) -> dict:
                  "out": outs[name]} for name in calls}
 
 
-def paired_speedup(base: dict, res: dict) -> float:
+def paired_speedup(base_times, times) -> float:
   """Median over repeats of base time / this time, each pair timed in the same repeat.
 
   Load on a shared machine drifts over seconds; a ratio of two runs made next to each
   other cancels most of it, where a ratio of two medians taken over the whole sweep
   does not.
   """
-  return statistics.median(b / x for b, x in zip(base["times"], res["times"]))
+  return statistics.median(b / x for b, x in zip(base_times, times))
 
 
 def _row(res, base, k=None):
@@ -116,7 +117,7 @@ def _row(res, base, k=None):
   calls = max(int(np.max(np.asarray(out.stats.target_calls))), 1)
   row = {"time_s": res["time"], "tokens_per_s": _tokens_out(out) / res["time"],
          "tau": _tokens_out(out) / max(int(np.sum(np.asarray(out.stats.target_calls))), 1),
-         "speedup": paired_speedup(base, res), "rounds": calls}
+         "speedup": paired_speedup(base["times"], res["times"]), "rounds": calls}
   if k is not None:
     row["k"] = k
   if out.rounds_by_k is not None:
@@ -333,8 +334,7 @@ def transformers_side(target: Model, draft: Model, prompts, jspec_rows: dict, s:
                           f"greedy_b{batch}": N * batch / t[f"greedy_b{batch}"]},
          "jspec_tokens_per_s_b1": tokens_b1 / t["jspec_b1"],
          f"jspec_tokens_per_s_b{batch}": N * batch / t[f"jspec_b{batch}"],
-         "assisted_speedup": statistics.median(
-             g / a for g, a in zip(times["greedy_b1"], times["assisted_b1"])),
+         "assisted_speedup": paired_speedup(times["greedy_b1"], times["assisted_b1"]),
          "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__}
   out.update(jspec_rows)
   return out
