@@ -227,34 +227,61 @@ def task_runs(target, drafters, tasks, s: Settings) -> dict:
 
 
 def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
-  """Bytes per second of a large array copy (read + write counted)."""
-  src = np.ones(nbytes // 8, np.float64)
-  dst = np.empty_like(src)
+  """Bytes per second of a large array copy (read + write counted), on the device
+  that holds the weights: host memory through NumPy on the CPU, a jitted copy in
+  device memory on an accelerator."""
   times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    np.copyto(dst, src)
-    times.append(time.perf_counter() - t0)
-  return 2 * src.nbytes / min(times)
+  if jax.default_backend() == "cpu":
+    src = np.ones(nbytes // 8, np.float64)
+    dst = np.empty_like(src)
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      np.copyto(dst, src)
+      times.append(time.perf_counter() - t0)
+  else:
+    src = jnp.ones(nbytes // 4, jnp.float32)
+    copy = jax.jit(lambda x: x + 1)  # one read, one write; not elided like a plain copy
+    copy(src).block_until_ready()
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      copy(src).block_until_ready()
+      times.append(time.perf_counter() - t0)
+  return 2 * nbytes / min(times)
 
 
-def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> float:
-  """Seconds per decode step of jspec's plain decoding at batch 1, steady state.
+def loop_round_time(target: Model, drafter, prompts, k: int = 0, new_tokens: int = 256,
+                    repeats: int = 7) -> float:
+  """Seconds per decode round inside jspec's loop, steady state (k = 0: plain decoding,
+  one step per round; else speculative rounds of K = k with `drafter`).
 
   Two generations with the same cache, `new_tokens` and a quarter of that, timed in
-  turn: the difference of their times over the difference of their lengths (median
-  over repeats) is what one more step costs, without the call's fixed part (the
-  prompt's prefill, host-side checks, transfers), which a long run only dilutes.
+  turn: the difference of their times over the difference of their round counts
+  (median over repeats) is what one more round costs, without the call's fixed part
+  (the prompt's prefill, host-side checks, transfers), which a long run only dilutes.
   """
   short = max(new_tokens // 4, 1)
   if new_tokens <= short:
-    raise ValueError(f"baseline_step needs new_tokens >= 2, got {new_tokens}")
-  cache = cache_bucket(len(prompt) + new_tokens + 1)
-  run = lambda n: lambda: generate(target, [prompt], max_new_tokens=n, eos_id=(),
-                                   cache_length=cache)
+    raise ValueError(f"loop_round_time needs new_tokens >= 2, got {new_tokens}")
+  cache = cache_bucket(max(len(p) for p in prompts) + new_tokens + k + 1)
+  kw = dict(eos_id=(), cache_length=cache)
+
+  def run(n):
+    if k == 0:
+      return lambda: generate(target, prompts, max_new_tokens=n, **kw)
+    return lambda: speculative_generate(target, drafter, prompts, num_draft_tokens=k,
+                                        max_new_tokens=n, **kw)
+
   res = side_by_side({"long": run(new_tokens), "short": run(short)}, repeats)
+  rounds = lambda r: int(np.max(np.asarray(r["out"].stats.target_calls)))
+  extra = rounds(res["long"]) - rounds(res["short"])  # same every repeat: greedy
   return statistics.median(
-      (a - b) / (new_tokens - short) for a, b in zip(res["long"]["times"], res["short"]["times"]))
+      (a - b) / max(extra, 1) for a, b in zip(res["long"]["times"], res["short"]["times"]))
+
+
+def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> float:
+  """Seconds per decode step of jspec's plain decoding at batch 1, steady state
+  (`loop_round_time` with k = 0)."""
+  return loop_round_time(target, None, [prompt], 0, new_tokens, repeats)
 
 
 def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
@@ -343,22 +370,56 @@ def transformers_side(target: Model, draft: Model, prompts, jspec_rows: dict, s:
 # ----------------------------------------------------------------------------- device mode
 
 
-def device_report(target: Model, draft: Model, batches, ks, s: Settings) -> dict:
-  """Verify cost against decode cost per batch size (random-init models: acceptance is
-  not the point), plus baseline and speculative tokens/s."""
+def device_report(target: Model, draft: Model, batches, ks, s: Settings,
+                  prompt_length: int = 64, alpha: float = 0.8) -> dict:
+  """Verify cost against decode cost per batch size, on models where acceptance is not
+  the point (random-init: a random draft agrees with a random target by chance only).
+
+  For each batch size B:
+    step_ms            one cached target call on 1 token per row (`costs.call_time`);
+    verify_over_step   a call on K + 1 tokens per row, over step_ms, for each K;
+    draft_over_step    one cached draft call on 1 token, over step_ms;
+    breakeven_tau      (T_verify + K T_draft) / T_step: the tokens per round a drafter
+                       must reach for speculation to pay at this batch size;
+    ideal_at_alpha     the ideal speedup if each draft were accepted with probability
+                       `alpha` (tau = (1 - alpha^(K+1)) / (1 - alpha), Leviathan et al.);
+    loop_step_ms       jspec's plain decoding per step inside its loop (`loop_round_time`);
+    loop_round_over_sum  a speculative round at K = s.k inside the loop, over the sum
+                       of its standalone calls (T_verify + K T_draft): the loop's own
+                       overhead, which bounds measured / ideal.
+  """
   from jspec import costs
 
+  vocab = target.vocab_size
+  prompt = [int(x) for x in np.random.default_rng(0).integers(0, vocab, prompt_length)]
+  S = cache_bucket(prompt_length + 4 * 64 + max(ks) + 1)
   report = {}
   for B in batches:
-    S = 256
-    step = costs.call_time(target, B, 1, S, repeats=10)
-    row = {"step_ms": step * 1e3,
-           "verify_over_step": {str(k): costs.call_time(target, B, k + 1, S, repeats=10) / step
-                                for k in ks},
-           "draft_over_step": costs.call_time(draft, B, 1, S, repeats=10) / step}
+    t = lambda model, block: costs.call_time(model, B, block, S, repeats=10)
+    step = t(target, 1)
+    t_draft = t(draft, 1)
+    verify = {k: t(target, k + 1) for k in ks}
+    tau = {k: (1 - alpha ** (k + 1)) / (1 - alpha) for k in ks}
+    row = {"step_ms": step * 1e3, "draft_over_step": t_draft / step,
+           "verify_over_step": {str(k): v / step for k, v in verify.items()},
+           "breakeven_tau": {str(k): (verify[k] + k * t_draft) / step for k in ks},
+           f"ideal_at_alpha_{alpha}": {str(k): costs.ideal_speedup(tau[k], k, step, verify[k],
+                                                                  t_draft) for k in ks}}
+    prompts = [prompt] * B
+    loop_step = loop_round_time(target, None, prompts, 0, new_tokens=4 * 64, repeats=5)
+    row["loop_step_ms"] = loop_step * 1e3
+    row["loop_tokens_per_s"] = B / loop_step
+    if s.k in verify:
+      loop_round = loop_round_time(target, DraftModel(draft), prompts, s.k, new_tokens=4 * 64,
+                                   repeats=5)
+      row["loop_round_ms"] = loop_round * 1e3
+      row["loop_round_over_sum"] = loop_round / (verify[s.k] + s.k * t_draft)
     report[str(B)] = row
-    print(f"  batch {B}: step {row['step_ms']:.2f} ms, verify/step "
-          + ", ".join(f"K={k}: {v:.2f}" for k, v in row["verify_over_step"].items()), flush=True)
+    print(f"  batch {B}: step {row['step_ms']:.2f} ms (in loop {row['loop_step_ms']:.2f}), "
+          f"draft/step {row['draft_over_step']:.2f}, verify/step "
+          + ", ".join(f"K={k}: {v:.2f}" for k, v in row["verify_over_step"].items())
+          + (f"; in-loop round K={s.k} / its calls {row['loop_round_over_sum']:.2f}"
+             if "loop_round_over_sum" in row else ""), flush=True)
   return report
 
 

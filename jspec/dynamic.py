@@ -11,6 +11,13 @@ before every round, picks the K with the most expected tokens per unit of time:
     K*         = argmax_K tokens(K) / cost(K)      cost(K) = time of one whole round
                                                    at K (cost(0): a plain round)
 
+A drafter that can have fewer drafts than K (n-gram lookup: as many as the match
+gives) is credited tokens(min(K, count)). The loop keeps its current K while that
+K's rate stays within `switch_margin` of the best: a change of K leaves the inner
+loop for the outer one (a conditional, and the draft model's catch-up call), and
+when two K are nearly tied, or the lookup's count moves from round to round, a
+schedule without that margin changed K every two to four rounds on the shipped pair.
+
 `accepted` and `judged` count drafts per row and decay by
 `decay` every drafting round (K = 0 rounds leave them alone). After `probe_every`
 rounds in a row without drafting, one round drafts at the best K >= 1 anyway, so an
@@ -77,6 +84,9 @@ class AutoK:
   ceiling: the most optimistic acceptance; a K that loses to plain decoding even
     at this acceptance is not compiled, and when every K > 0 loses the call runs
     the plain decoding program (no drafter at all).
+  switch_margin: keep the current K while its expected rate is at least
+    (1 - switch_margin) of the best K's (hysteresis; 0 changes K whenever another
+    is ahead). It bounds what staying can lose per round.
   costs: optional per-choice round costs (any time unit, same order as
     `choices`); None measures them (`round_costs`).
   """
@@ -87,6 +97,7 @@ class AutoK:
   decay: float = 0.95
   probe_every: int = 64
   ceiling: float = 0.9
+  switch_margin: float = 0.05
   costs: tuple[float, ...] | None = None
 
   def __post_init__(self):
@@ -102,6 +113,8 @@ class AutoK:
     if not self.prior_weight > 0 or not 0.0 < self.decay <= 1.0:
       raise ValueError(f"AutoK needs prior_weight > 0 and decay in (0, 1], got "
                        f"{self.prior_weight!r}, {self.decay!r}")
+    if not 0.0 <= self.switch_margin < 1.0:
+      raise ValueError(f"AutoK.switch_margin must lie in [0, 1), got {self.switch_margin!r}")
     if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) \
         or self.probe_every < 0:
       raise ValueError(f"AutoK.probe_every must be an integer >= 0, got {self.probe_every!r}")
@@ -192,6 +205,24 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
                                         jnp.zeros((len(auto.choices),), jnp.int32)))
 
 
+def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
+  """(rate [C] expected tokens per unit cost of each choice for the critical row,
+  probe index, whether a probe is due); see `choose`."""
+  rows = ((schedule.accepted + auto.prior * auto.prior_weight)
+          / (schedule.judged + auto.prior_weight))  # [B]
+  critical = jnp.argmax(remaining)
+  a = rows[critical]
+  ks = jnp.asarray(auto.choices, jnp.float32)
+  drafts = ks if counts is None else jnp.minimum(ks, counts[critical].astype(ks.dtype))
+  rate = expected_tokens(a, drafts) / schedule.costs  # [C]
+  if not auto.probe_every:
+    return rate, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_)
+  probe_rate = jnp.where(drafts > 0, rate, -jnp.inf)  # only a K with drafts to judge
+  probe = jnp.argmax(probe_rate).astype(jnp.int32)
+  due = (schedule.idle >= schedule.gap) & jnp.any(probe_rate > -jnp.inf)
+  return rate, probe, due
+
+
 def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
   """Index into `auto.choices` of the K with the most expected tokens per unit cost
   for the critical row: the active row with the most tokens still to generate.
@@ -201,24 +232,21 @@ def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.
   furthest behind, not at the batch's mean acceptance: rows that copy their context
   finish early and then idle while a row the drafter cannot guess sets the length.
   counts: optional [B] int32, how many drafts the drafter proposes for each row this
-  round (`proposal_counts`); K above the critical row's count are not considered
-  (drafts it does not have cannot speed it up), K = 0 always is.
+  round (`proposal_counts`). A K above the critical row's count is credited only the
+  drafts it has (at a K's cost), so it never beats K = count; with no drafts at all
+  every K > 0 is a plain step at a higher cost.
   """
-  rows = ((schedule.accepted + auto.prior * auto.prior_weight)
-          / (schedule.judged + auto.prior_weight))  # [B]
-  critical = jnp.argmax(remaining)
-  a = rows[critical]
-  ks = jnp.asarray(auto.choices, jnp.float32)
-  rate = expected_tokens(a, ks) / schedule.costs
-  if counts is not None:
-    rate = jnp.where((ks == 0) | (ks <= counts[critical].astype(ks.dtype)), rate, -jnp.inf)
-  best = jnp.argmax(rate).astype(jnp.int32)
-  if auto.probe_every:
-    probe_rate = jnp.where(ks > 0, rate, -jnp.inf)
-    probe = jnp.argmax(probe_rate).astype(jnp.int32)
-    can_probe = jnp.any(probe_rate > -jnp.inf)
-    best = jnp.where((schedule.idle >= schedule.gap) & can_probe, probe, best)
-  return best
+  rate, probe, due = _rates(schedule, auto, remaining, counts)
+  return jnp.where(due, probe, jnp.argmax(rate).astype(jnp.int32))
+
+
+def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
+  """Whether the loop keeps choice `index` (static) for the next round: it is the
+  best, or within `auto.switch_margin` of the best's rate and no probe is due."""
+  rate, probe, due = _rates(schedule, auto, remaining, counts)
+  best = jnp.where(due, probe, jnp.argmax(rate).astype(jnp.int32))
+  close = rate[index] >= (1.0 - auto.switch_margin) * jnp.max(rate)
+  return (best == index) | (close & ~due)
 
 
 def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
@@ -284,8 +312,8 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   """Run dynamic rounds until every row is done.
 
   The outer `lax.while_loop` runs phases; a phase `lax.switch`es to the chosen K and
-  runs rounds at that K in an inner `while_loop` for as long as `choose` keeps
-  picking it. The switch is entered once per change of K, not once per round: on
+  runs rounds at that K in an inner `while_loop` for as long as it `stays` (the best
+  K, or within `switch_margin` of it). The switch is entered once per change of K, not once per round: on
   XLA CPU a conditional around the round cost about 10% of a batch-1 step, as the
   whole decode state (KV caches included) passes in and out of it.
   """
@@ -294,14 +322,17 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   def not_done(s: AutoState):
     return jnp.any(~s.decode.done)
 
+  def remaining(s: AutoState):
+    return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
+
   def pick(s: AutoState):
-    remaining = jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
-    return choose(s.schedule, auto, remaining, proposal_counts(drafter, s.decode, auto.max_k))
+    return choose(s.schedule, auto, remaining(s), proposal_counts(drafter, s.decode, auto.max_k))
 
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
       s = fixed_round(target, drafter, s, config, auto, index, sync=True)
-      same = lambda s: not_done(s) & (pick(s) == index)
+      same = lambda s: not_done(s) & stays(
+          s.schedule, auto, remaining(s), proposal_counts(drafter, s.decode, auto.max_k), index)
       return lax.while_loop(same, lambda s: fixed_round(target, drafter, s, config, auto, index),
                             s)
     return run

@@ -109,3 +109,49 @@ def test_accuracy_table_from_acceptance():
   assert table.shape == (3, bench_heads.MAX_RANKS)
   np.testing.assert_allclose(table[:, 0], [0.6, 0.5, 0.5])
   np.testing.assert_allclose(table[0, 1], 0.4 * bench_heads.SECOND)
+
+
+def test_device_report_costs_and_breakeven(pair):
+  """The accelerator mode's report, on the CPU: what it derives follows from what it timed."""
+  target, draft = pair
+  s = bench.Settings(k=2, repeats=1)
+  report = bench.device_report(target, draft, batches=(1, 2), ks=(1, 2), s=s, prompt_length=8)
+  assert set(report) == {"1", "2"}
+  for row in report.values():
+    assert row["step_ms"] > 0 and row["loop_step_ms"] > 0 and row["draft_over_step"] > 0
+    for k in (1, 2):
+      v = row["verify_over_step"][str(k)]
+      assert row["breakeven_tau"][str(k)] == pytest.approx(v + k * row["draft_over_step"])
+      tau = (1 - 0.8 ** (k + 1)) / 0.2
+      assert row["ideal_at_alpha_0.8"][str(k)] == pytest.approx(
+          tau / row["breakeven_tau"][str(k)])
+    assert row["loop_round_over_sum"] == pytest.approx(
+        row["loop_round_ms"] / (row["step_ms"] * row["breakeven_tau"]["2"]))
+
+
+def test_loop_round_time_counts_rounds(pair, monkeypatch):
+  """Time per round is the time difference over the difference in round counts: with
+  the target as its own draft (greedy, so every draft is accepted) a K = 2 round emits
+  3 tokens, and the rounds, not the tokens, divide."""
+  target, _ = pair
+  real = bench.side_by_side
+
+  def fixed_times(calls, repeats):  # real runs (for the round counts), chosen times
+    res = real(calls, repeats)
+    res["long"]["times"], res["short"]["times"] = [1.0], [0.4]
+    return res
+
+  monkeypatch.setattr(bench, "side_by_side", fixed_times)
+  prompt = [1, 2, 3, 4]
+  rounds = lambda n: int(jspec.speculative_generate(
+      target, jspec.DraftModel(target), [prompt], num_draft_tokens=2, max_new_tokens=n,
+      eos_id=()).stats.target_calls[0])
+  extra = rounds(24) - rounds(6)
+  assert extra in (6, 7)  # 18 more tokens at 3 per round, give or take the last round
+  spec = bench.loop_round_time(target, jspec.DraftModel(target), [prompt], 2, new_tokens=24,
+                               repeats=1)
+  assert spec == pytest.approx(0.6 / extra)
+  assert bench.loop_round_time(target, None, [prompt], 0, new_tokens=24,
+                               repeats=1) == pytest.approx(0.6 / 18)
+  with pytest.raises(ValueError, match="new_tokens >= 2"):
+    bench.loop_round_time(target, None, [prompt], 0, new_tokens=1)

@@ -176,7 +176,8 @@ def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
 
 @pytest.mark.parametrize("bad", [
     dict(choices=(0,)), dict(choices=(1, 1)), dict(choices=(0, -1, 2)), dict(prior=1.0),
-    dict(decay=0.0), dict(probe_every=-1), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0))])
+    dict(decay=0.0), dict(probe_every=-1), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0)),
+    dict(switch_margin=1.0), dict(switch_margin=-0.1)])
 def test_bad_settings(bad):
   with pytest.raises(ValueError):
     dynamic.AutoK(**bad)
@@ -208,3 +209,51 @@ def test_probes_after_idle_rounds_back_off(target, far_draft):
   idle, probes = out.rounds_by_k[0], out.rounds_by_k[2]
   gaps = np.cumsum([5 * 2 ** i for i in range(8)])
   assert probes == int(np.sum(gaps <= idle)) and probes >= 2, out.rounds_by_k
+
+
+def schedule(costs, accepted, judged, idle=0, gap=64):
+  """A one-row schedule with this much evidence."""
+  f = lambda x: jnp.asarray([x], jnp.float32)
+  return dynamic.ScheduleState(costs=jnp.asarray(costs, jnp.float32), accepted=f(accepted),
+                               judged=f(judged), synced=jnp.zeros((1,), jnp.int32),
+                               idle=jnp.asarray(idle, jnp.int32), gap=jnp.asarray(gap, jnp.int32),
+                               rounds=jnp.zeros((len(costs),), jnp.int32))
+
+
+def test_choice_credits_only_the_drafts_a_lookup_has():
+  """With equal costs (verify as cheap as a step) and two drafts available, K = 2 and
+  K = 4 expect the same tokens: the best is K = 2, and a loop already at K = 4 stays
+  there. With no drafts, K = 0 is best wherever a K > 0 costs more."""
+  auto = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0,) * 4)
+  sched = schedule((1.0,) * 4, accepted=8.0, judged=10.0)
+  remaining = jnp.asarray([10], jnp.int32)
+  two = jnp.asarray([2], jnp.int32)
+  assert int(dynamic.choose(sched, auto, remaining, two)) == 2
+  assert bool(dynamic.stays(sched, auto, remaining, two, 3))
+  assert not bool(dynamic.stays(sched, auto, remaining, two, 1))  # E[1] / E[2] = 1.8 / 2.44
+  rising = schedule((1.0, 1.5, 1.9, 2.6), accepted=8.0, judged=10.0)
+  none = jnp.asarray([0], jnp.int32)
+  assert int(dynamic.choose(rising, auto, remaining, none)) == 0
+  assert not bool(dynamic.stays(rising, auto, remaining, none, 3))
+  # Without a lookup every K is credited all its drafts.
+  assert int(dynamic.choose(sched, auto, remaining)) == 3
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_switch_margin_keeps_a_near_tie(margin):
+  """K = 1 at 97% of K = 2's rate: kept with a 5% margin, left with none; the best K
+  is always kept, and a due probe ends a K = 0 phase whatever the margin."""
+  auto = dynamic.AutoK(choices=(0, 1, 2), costs=(1.0, 1.0, 1.0), switch_margin=margin,
+                       probe_every=4)
+  a = 0.6  # the prior, no evidence: tokens 1, 1.6, 1.96
+  costs = (10.0, 1.6 / (0.97 * 1.96), 1.0)  # K = 1's rate is 0.97 of K = 2's
+  sched = schedule(costs, accepted=0.0, judged=0.0)
+  remaining = jnp.asarray([10], jnp.int32)
+  assert auto.prior == a and int(dynamic.choose(sched, auto, remaining)) == 2
+  assert bool(dynamic.stays(sched, auto, remaining, None, 1)) == (margin > 0)
+  assert bool(dynamic.stays(sched, auto, remaining, None, 2))
+  near_plain = schedule((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0)
+  assert int(dynamic.choose(near_plain, auto, remaining)) == 1
+  assert bool(dynamic.stays(near_plain, auto, remaining, None, 0)) == (margin > 0)
+  due = schedule((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0, idle=4, gap=4)
+  assert not bool(dynamic.stays(due, auto, remaining, None, 0))
