@@ -19,7 +19,9 @@ Sections of the JSON report (and the figures under --out):
   k_sweep      batch 1, code: tau, measured speedup and the ideal speedup from
                in-loop per-call costs (`dynamic.call_costs`) for each drafter
                and K, plus "auto"; also the whole-round costs "auto" uses
-               (`dynamic.round_costs`);
+               (`dynamic.round_costs`), and under "steady" the same comparison
+               for rounds past a long generation's first quarter, without the
+               call's fixed part (`steady_sweep`);
   batch_sweep  code: speedup of the draft model (fixed K), n-gram and "auto"
                over baseline at each batch size;
   tasks        batch 1: restating and sampled runs;
@@ -61,6 +63,7 @@ class Settings:
   max_new_tokens: int = 64
   repeats: int = 3
   transformers: bool = True
+  steady_tokens: int = 256  # the k_sweep's steady-state part: tokens per long run (0: skip)
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -147,9 +150,10 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
   base = res.pop("baseline")
   S = cache_bucket(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1)
   report = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"], "rows": {}}
+  costs_by_drafter = {}
   for dname, drafter in drafters.items():
     ks = (0,) + tuple(s.ks)
-    costs = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks)))
+    costs = costs_by_drafter[dname] = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks)))
     report["costs_ms_" + dname] = {str(k): v * 1e3 for k, v in costs.items()}
     report["round_costs_ms_" + dname] = {
         str(k): v * 1e3 for k, v in zip(ks, dynamic.round_costs(target, drafter, 1, S, ks))}
@@ -159,7 +163,32 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
         row["ideal_speedup"] = row["tau"] * costs[0] / costs[k]
         row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
       report["rows"][f"{dname}@{k}"] = row
+  if s.steady_tokens:
+    report["steady"] = steady_sweep(target, drafters, prompts[0], s, costs_by_drafter)
   return report
+
+
+def steady_sweep(target, drafters, prompt, s: Settings, costs_by_drafter: dict) -> dict:
+  """The loop's own overhead at batch 1: steady-state speedup (rounds past the first
+  quarter of a long generation, `steady_rounds`) against the ideal from in-loop call
+  costs at the same tau. Their ratio leaves out what a whole call adds (the prompt's
+  prefill and the draft's), which the k_sweep rows include."""
+  variants = {"baseline": (None, 0)}
+  for dname, drafter in drafters.items():
+    for k in s.ks:
+      variants[f"{dname}@{k}"] = (drafter, k)
+  res = steady_rounds(target, variants, [prompt], s.steady_tokens, s.repeats)
+  base = res.pop("baseline")
+  rows = {"baseline_ms_per_token": base["round_s"] * 1e3}
+  for name, r in res.items():
+    dname, k = name.split("@")
+    costs = costs_by_drafter[dname]
+    speedup = paired_speedup(base["extra_s"], r["extra_s"])
+    ideal = r["tau"] * costs[0] / costs[int(k)]
+    rows[name] = {"k": int(k), "tau": r["tau"], "round_ms": r["round_s"] * 1e3,
+                  "speedup": speedup, "ideal_speedup": ideal,
+                  "measured_over_ideal": speedup / ideal}
+  return rows
 
 
 @dataclasses.dataclass
@@ -249,33 +278,56 @@ def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
   return 2 * nbytes / min(times)
 
 
-def loop_round_time(target: Model, drafter, prompts, k: int = 0, new_tokens: int = 256,
-                    repeats: int = 7) -> float:
-  """Seconds per decode round inside jspec's loop, steady state (k = 0: plain decoding,
-  one step per round; else speculative rounds of K = k with `drafter`).
+def steady_rounds(target: Model, variants: dict, prompts, new_tokens: int = 256,
+                  repeats: int = 7) -> dict:
+  """Steady-state cost of jspec's loop for several variants, timed side by side.
 
-  Two generations with the same cache, `new_tokens` and a quarter of that, timed in
-  turn: the difference of their times over the difference of their round counts
-  (median over repeats) is what one more round costs, without the call's fixed part
-  (the prompt's prefill, host-side checks, transfers), which a long run only dilutes.
+  variants: {name: (drafter, k)}, k = 0 for plain decoding (drafter unused). Each
+  variant runs two generations with the same cache, `new_tokens` and a quarter of
+  that, all interleaved; the difference of a pair's times is what the extra tokens
+  cost, without the call's fixed part (the prompts' prefill, the draft's prefill,
+  host-side checks, transfers), which a long run only dilutes. Greedy.
+
+  Returns {name: {"round_s": median seconds per extra round, "extra_s": [per-repeat
+  time differences], "tau": extra tokens per extra round}}. For two variants the
+  extra tokens are the same, so the median ratio of their "extra_s" lists
+  (`paired_speedup`) is the steady-state speedup of one over the other.
   """
   short = max(new_tokens // 4, 1)
   if new_tokens <= short:
-    raise ValueError(f"loop_round_time needs new_tokens >= 2, got {new_tokens}")
-  cache = cache_bucket(max(len(p) for p in prompts) + new_tokens + k + 1)
+    raise ValueError(f"steady_rounds needs new_tokens >= 2, got {new_tokens}")
+  kmax = max(k for _, k in variants.values())
+  cache = cache_bucket(max(len(p) for p in prompts) + new_tokens + kmax + 1)
   kw = dict(eos_id=(), cache_length=cache)
 
-  def run(n):
+  def run(drafter, k, n):
     if k == 0:
       return lambda: generate(target, prompts, max_new_tokens=n, **kw)
     return lambda: speculative_generate(target, drafter, prompts, num_draft_tokens=k,
                                         max_new_tokens=n, **kw)
 
-  res = side_by_side({"long": run(new_tokens), "short": run(short)}, repeats)
+  calls = {}
+  for name, (drafter, k) in variants.items():
+    calls[(name, "long")] = run(drafter, k, new_tokens)
+    calls[(name, "short")] = run(drafter, k, short)
+  res = side_by_side(calls, repeats)
   rounds = lambda r: int(np.max(np.asarray(r["out"].stats.target_calls)))
-  extra = rounds(res["long"]) - rounds(res["short"])  # same every repeat: greedy
-  return statistics.median(
-      (a - b) / max(extra, 1) for a, b in zip(res["long"]["times"], res["short"]["times"]))
+  out = {}
+  for name in variants:
+    long, short_ = res[(name, "long")], res[(name, "short")]
+    extra_rounds = max(rounds(long) - rounds(short_), 1)  # the same every repeat: greedy
+    extra = [a - b for a, b in zip(long["times"], short_["times"])]
+    out[name] = {"round_s": statistics.median(x / extra_rounds for x in extra),
+                 "extra_s": extra,
+                 "tau": (new_tokens - short) / extra_rounds}
+  return out
+
+
+def loop_round_time(target: Model, drafter, prompts, k: int = 0, new_tokens: int = 256,
+                    repeats: int = 7) -> float:
+  """Seconds per decode round inside jspec's loop, steady state (`steady_rounds` for
+  one variant; k = 0: plain decoding, one step per round)."""
+  return steady_rounds(target, {"v": (drafter, k)}, prompts, new_tokens, repeats)["v"]["round_s"]
 
 
 def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> float:
@@ -559,6 +611,14 @@ def summary(report: dict) -> str:
       lines.append(f"  {name:<12}{r['tau']:>6.2f}{r['speedup']:>8.2f}x"
                    + (f"{ideal:>7.2f}x{ratio:>12.2f}" if ideal else f"{'':>8}{'':>12}")
                    + ("" if r["equal_to_baseline"] else "  (differs from baseline)"))
+    st = ks.get("steady")
+    if st:
+      lines.append(f"  steady state (no prefill): baseline {st['baseline_ms_per_token']:.2f} "
+                   f"ms/token")
+      for name, r in st.items():
+        if name != "baseline_ms_per_token":
+          lines.append(f"  {name:<12}{r['tau']:>6.2f}{r['speedup']:>8.2f}x"
+                       f"{r['ideal_speedup']:>7.2f}x{r['measured_over_ideal']:>12.2f}")
   bs = report.get("batch_sweep")
   if bs:
     names = list(next(iter(bs.values()))["rows"])

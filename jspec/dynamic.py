@@ -278,9 +278,13 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
     context = DraftContext(tokens=s.tokens, lengths=s.lengths)
     s = dataclasses.replace(s, drafter_state=drafter.sync(s.drafter_state, context,
                                                           sched.synced))
+  # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
+  # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
+  counts = proposal_counts(drafter, s, k) if k > 0 else None
+  real = k if counts is None else jnp.minimum(counts, k)  # [B] (or static k)
   new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
-  n = new.stats.accepted - s.stats.accepted  # [B] accepted this round
-  judged = jnp.where(active, jnp.minimum(n + 1, k), 0)
+  n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
+  judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
   # Evidence decays per drafting round only: rounds at K = 0 say nothing about the
   # drafts, and letting the estimate drift back to the prior during them would make
   # the loop oscillate between K = 0 and a K the drafts do not deserve.

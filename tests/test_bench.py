@@ -34,8 +34,17 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path / "cache"))
   target, draft = pair
   s = bench.Settings(batches=(1, 2), ks=(2,), k=2, max_new_tokens=6, repeats=1,
-                     transformers=False)
+                     transformers=False, steady_tokens=16)
   report = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"))
+  steady = report["k_sweep"]["steady"]
+  assert set(steady) == {"baseline_ms_per_token", "draft@2", "ngram@2"}
+  for name, r in steady.items():
+    if name == "baseline_ms_per_token":
+      continue
+    costs = report["k_sweep"]["costs_ms_" + name.split("@")[0]]
+    assert 1.0 <= r["tau"] <= 3.0 and r["round_ms"] > 0
+    assert r["ideal_speedup"] == pytest.approx(r["tau"] * costs["0"] / costs["2"])
+    assert r["measured_over_ideal"] == pytest.approx(r["speedup"] / r["ideal_speedup"])
   rows = report["k_sweep"]["rows"]
   assert set(rows) == {f"{d}@{k}" for d in ("draft", "ngram") for k in (2, "auto")}
   for name, r in rows.items():
@@ -85,7 +94,7 @@ def test_heads_section(pair, tmp_path):
   from jspec import bench_heads
   target, draft = pair
   s = bench.Settings(batches=(1,), ks=(2,), k=2, max_new_tokens=6, repeats=1,
-                     transformers=False)
+                     transformers=False, steady_tokens=16)
   eagle = jspec.eagle.Eagle.from_target(
       target, jspec.eagle.init_params(jspec.eagle.EagleConfig.for_target(target.config),
                                       jax.random.key(0)))
@@ -138,7 +147,8 @@ def test_loop_round_time_counts_rounds(pair, monkeypatch):
 
   def fixed_times(calls, repeats):  # real runs (for the round counts), chosen times
     res = real(calls, repeats)
-    res["long"]["times"], res["short"]["times"] = [1.0], [0.4]
+    for (_, length), r in res.items():
+      r["times"] = [1.0] if length == "long" else [0.4]
     return res
 
   monkeypatch.setattr(bench, "side_by_side", fixed_times)

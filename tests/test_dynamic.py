@@ -257,3 +257,25 @@ def test_switch_margin_keeps_a_near_tie(margin):
   assert bool(dynamic.stays(near_plain, auto, remaining, None, 0)) == (margin > 0)
   due = schedule((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0, idle=4, gap=4)
   assert not bool(dynamic.stays(due, auto, remaining, None, 0))
+
+
+@pytest.mark.parametrize("allow", [0, 1, 2])
+def test_evidence_counts_proposed_drafts_only(target, allow):
+  """A round at K = 2 whose lookup had `allow` drafts judges its placeholders too, but
+  the acceptance estimate counts at most `allow` judged and accepted drafts per row."""
+  from jspec import decode
+
+  drafter = CountedLookup(jspec.NGram(vocab_size=64, max_ngram=3), allow)
+  auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.0))
+  tokens = jnp.asarray([[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]], jnp.int32)
+  lengths = jnp.asarray([8, 8], jnp.int32)
+  config = decode.DecodeConfig(num_draft_tokens=2, cache_length=32)
+  state = dynamic.init_state(target, drafter, tokens, lengths, jnp.asarray([10, 10], jnp.int32),
+                             None, jnp.asarray([-1], jnp.int32), jnp.arange(2, dtype=jnp.int32),
+                             jnp.asarray(auto.costs), config, auto)
+  new = dynamic.fixed_round(target, drafter, state, config, auto, index=1)
+  judged, accepted = np.asarray(new.schedule.judged), np.asarray(new.schedule.accepted)
+  assert np.all(judged == (0 if allow == 0 else np.minimum(accepted + 1, allow)))
+  assert np.all(accepted <= allow)
+  # The round itself judged both drafts: one target call per row.
+  assert np.all(np.asarray(new.decode.stats.target_calls) == 1)
