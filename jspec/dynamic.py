@@ -167,6 +167,9 @@ class ScheduleState:
   idle: jax.Array  # [] int32 rounds in a row without drafting
   gap: jax.Array  # [] int32 idle rounds before the next probe (doubles after each probe)
   rounds: jax.Array  # [C] int32 rounds run with each choice
+  # [B] int32 drafts a lookup drafter has for each row's next round (`proposal_counts`,
+  # computed once per round, after it); max_k for other drafters.
+  counts: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -200,14 +203,17 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   state = dataclasses.replace(state, drafter_state=drafter_state)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)
+  counts = proposal_counts(drafter, state, auto.max_k)
+  if counts is None:
+    counts = jnp.full((tokens.shape[0],), auto.max_k, jnp.int32)
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.asarray(auto.probe_every, jnp.int32),
-                                        jnp.zeros((len(auto.choices),), jnp.int32)))
+                                        jnp.zeros((len(auto.choices),), jnp.int32), counts))
 
 
 def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
   """(rate [C] expected tokens per unit cost of each choice for the critical row,
-  probe index, whether a probe is due); see `choose`."""
+  the chosen index, whether a probe is due); see `choose`."""
   rows = ((schedule.accepted + auto.prior * auto.prior_weight)
           / (schedule.judged + auto.prior_weight))  # [B]
   critical = jnp.argmax(remaining)
@@ -215,12 +221,13 @@ def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
   ks = jnp.asarray(auto.choices, jnp.float32)
   drafts = ks if counts is None else jnp.minimum(ks, counts[critical].astype(ks.dtype))
   rate = expected_tokens(a, drafts) / schedule.costs  # [C]
+  best = jnp.argmax(rate).astype(jnp.int32)
   if not auto.probe_every:
-    return rate, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.bool_)
+    return rate, best, jnp.zeros((), jnp.bool_)
   probe_rate = jnp.where(drafts > 0, rate, -jnp.inf)  # only a K with drafts to judge
   probe = jnp.argmax(probe_rate).astype(jnp.int32)
   due = (schedule.idle >= schedule.gap) & jnp.any(probe_rate > -jnp.inf)
-  return rate, probe, due
+  return rate, jnp.where(due, probe, best), due
 
 
 def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
@@ -236,15 +243,13 @@ def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.
   drafts it has (at a K's cost), so it never beats K = count; with no drafts at all
   every K > 0 is a plain step at a higher cost.
   """
-  rate, probe, due = _rates(schedule, auto, remaining, counts)
-  return jnp.where(due, probe, jnp.argmax(rate).astype(jnp.int32))
+  return _rates(schedule, auto, remaining, counts)[1]
 
 
 def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
   """Whether the loop keeps choice `index` (static) for the next round: it is the
   best, or within `auto.switch_margin` of the best's rate and no probe is due."""
-  rate, probe, due = _rates(schedule, auto, remaining, counts)
-  best = jnp.where(due, probe, jnp.argmax(rate).astype(jnp.int32))
+  rate, best, due = _rates(schedule, auto, remaining, counts)
   close = rate[index] >= (1.0 - auto.switch_margin) * jnp.max(rate)
   return (best == index) | (close & ~due)
 
@@ -280,9 +285,9 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
                                                           sched.synced))
   # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
   # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
-  counts = proposal_counts(drafter, s, k) if k > 0 else None
-  real = k if counts is None else jnp.minimum(counts, k)  # [B] (or static k)
+  real = jnp.minimum(sched.counts, k)  # [B]
   new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
+  counts = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
   n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
   judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
   # Evidence decays per drafting round only: rounds at K = 0 say nothing about the
@@ -307,6 +312,7 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
       gap=gap,
       rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
+      counts=sched.counts if counts is None else counts,
   )
   return AutoState(new, schedule)
 
@@ -329,14 +335,16 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   def remaining(s: AutoState):
     return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
 
+  lookup = hasattr(drafter, "lookup")  # else the counts say max_k and mean nothing
+  counts = lambda s: s.schedule.counts if lookup else None
+
   def pick(s: AutoState):
-    return choose(s.schedule, auto, remaining(s), proposal_counts(drafter, s.decode, auto.max_k))
+    return choose(s.schedule, auto, remaining(s), counts(s))
 
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
       s = fixed_round(target, drafter, s, config, auto, index, sync=True)
-      same = lambda s: not_done(s) & stays(
-          s.schedule, auto, remaining(s), proposal_counts(drafter, s.decode, auto.max_k), index)
+      same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), counts(s), index)
       return lax.while_loop(same, lambda s: fixed_round(target, drafter, s, config, auto, index),
                             s)
     return run

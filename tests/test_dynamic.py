@@ -217,7 +217,8 @@ def schedule(costs, accepted, judged, idle=0, gap=64):
   return dynamic.ScheduleState(costs=jnp.asarray(costs, jnp.float32), accepted=f(accepted),
                                judged=f(judged), synced=jnp.zeros((1,), jnp.int32),
                                idle=jnp.asarray(idle, jnp.int32), gap=jnp.asarray(gap, jnp.int32),
-                               rounds=jnp.zeros((len(costs),), jnp.int32))
+                               rounds=jnp.zeros((len(costs),), jnp.int32),
+                               counts=jnp.full((1,), 4, jnp.int32))
 
 
 def test_choice_credits_only_the_drafts_a_lookup_has():
