@@ -451,7 +451,7 @@ def device_report(target: Model, draft: Model, batches, ks, s: Settings,
     step = t(target, 1)
     t_draft = t(draft, 1)
     verify = {k: t(target, k + 1) for k in ks}
-    tau = {k: (1 - alpha ** (k + 1)) / (1 - alpha) for k in ks}
+    tau = {k: float(dynamic.expected_tokens(np.float64(alpha), k)) for k in ks}
     row = {"step_ms": step * 1e3, "draft_over_step": t_draft / step,
            "verify_over_step": {str(k): v / step for k, v in verify.items()},
            "breakeven_tau": {str(k): (verify[k] + k * t_draft) / step for k in ks},

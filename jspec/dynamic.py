@@ -335,16 +335,14 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   def remaining(s: AutoState):
     return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
 
-  lookup = hasattr(drafter, "lookup")  # else the counts say max_k and mean nothing
-  counts = lambda s: s.schedule.counts if lookup else None
-
   def pick(s: AutoState):
-    return choose(s.schedule, auto, remaining(s), counts(s))
+    return choose(s.schedule, auto, remaining(s), s.schedule.counts)
 
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
       s = fixed_round(target, drafter, s, config, auto, index, sync=True)
-      same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), counts(s), index)
+      same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), s.schedule.counts,
+                                                      index)
       return lax.while_loop(same, lambda s: fixed_round(target, drafter, s, config, auto, index),
                             s)
     return run
