@@ -18,15 +18,17 @@ loop for the outer one (a conditional, and the draft model's catch-up call), and
 when two K are nearly tied, or the lookup's count moves from round to round, a
 schedule without that margin changed K every two to four rounds on the shipped pair.
 
-`accepted` and `judged` count drafts per row and decay by
-`decay` every drafting round (K = 0 rounds leave them alone). After `probe_every`
-rounds in a row without drafting, one round drafts at the best K >= 1 anyway, so an
-estimate that once fell too low is corrected by new evidence rather than frozen;
-each probe that does not bring drafting back doubles the wait (up to 16x). The costs are whole rounds (drafting,
-verification, acceptance, commit) timed per batch size by a short in-loop pass
-(`round_costs`, cached on disk per machine and models). Sums of the calls alone
-(`call_costs`) understate a round by 20-40% at batch 8-64 on XLA CPU, and the
-schedule then speculates where it loses.
+`accepted` and `judged` count drafts per row and decay by `decay` every round that
+brings evidence. A drafter with `lookup` brings some in K = 0 rounds too: its first
+draft, free to compute, is scored against the token the target emitted (see
+`fixed_round`); a draft model's K = 0 rounds leave the counts alone. After
+`probe_every` rounds in a row without drafting, one round drafts at the best K >= 1
+anyway, so an estimate that once fell too low is corrected by new evidence rather
+than frozen; each probe that does not bring drafting back doubles the wait (up to
+16x). The costs are whole rounds (drafting, verification, acceptance, commit) timed
+per batch size by a short in-loop pass (`round_costs`, cached on disk per machine and
+models). Sums of the calls alone (`call_costs`) understate a round by 20-40% at batch
+8-64 on XLA CPU, and the schedule then speculates where it loses.
 
 Exactness: the K of a round is a function of earlier rounds only, and every branch
 is a complete exact round (its drafts are all judged; none is dropped), so each
@@ -170,6 +172,9 @@ class ScheduleState:
   # [B] int32 drafts a lookup drafter has for each row's next round (`proposal_counts`,
   # computed once per round, after it); max_k for other drafters.
   counts: jax.Array
+  # [B] int32 the lookup's first draft for that round (0 for other drafters): a round
+  # at K = 0 scores it against the token the target emits (`fixed_round`).
+  first: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -203,12 +208,13 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   state = dataclasses.replace(state, drafter_state=drafter_state)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)
-  counts = proposal_counts(drafter, state, auto.max_k)
-  if counts is None:
-    counts = jnp.full((tokens.shape[0],), auto.max_k, jnp.int32)
+  lookup = proposal_counts(drafter, state, auto.max_k)
+  B = tokens.shape[0]
+  counts, first = lookup or (jnp.full((B,), auto.max_k, jnp.int32), jnp.zeros((B,), jnp.int32))
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.asarray(auto.probe_every, jnp.int32),
-                                        jnp.zeros((len(auto.choices),), jnp.int32), counts))
+                                        jnp.zeros((len(auto.choices),), jnp.int32), counts,
+                                        first))
 
 
 def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
@@ -255,8 +261,9 @@ def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -
 
 
 def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
-  """[B] int32: how many drafts a drafter with `lookup` (n-gram, datastore: 0 when
-  nothing matches) proposes for each row this round; None for other drafters.
+  """(count [B] int32, first [B] int32) for a drafter with `lookup` (n-gram,
+  datastore): how many drafts it proposes for each row this round (0 when nothing
+  matches) and the first of them; None for other drafters.
 
   A round then drafts only when the critical row has something to draft, and the
   acceptance estimate is built from rounds whose drafts were proposed. The counts
@@ -266,8 +273,8 @@ def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
   if not hasattr(drafter, "lookup"):
     return None
   context = DraftContext(tokens=state.tokens, lengths=state.lengths)
-  _, count = drafter.lookup(context, max_k)
-  return count.astype(jnp.int32)
+  drafts, count = drafter.lookup(context, max_k)
+  return count.astype(jnp.int32), drafts[:, 0].astype(jnp.int32)
 
 
 def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
@@ -287,13 +294,27 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
   real = jnp.minimum(sched.counts, k)  # [B]
   new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
-  counts = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
-  n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
-  judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
-  # Evidence decays per drafting round only: rounds at K = 0 say nothing about the
-  # drafts, and letting the estimate drift back to the prior during them would make
-  # the loop oscillate between K = 0 and a K the drafts do not deserve.
-  decay = auto.decay if k > 0 else 1.0
+  lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
+  if k > 0:
+    n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
+    judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
+  elif lookup is not None:
+    # Shadow evidence: a lookup's drafts cost nothing to compute, so a round at K = 0
+    # still scores the first one against the token the target emitted. Greedy, the
+    # draft would have been accepted exactly when they match; sampled, a one-hot q
+    # accepts d with probability p(d), the chance that the emitted token is d. So
+    # the estimate keeps moving while the loop does not draft, and it leaves K = 0
+    # as soon as the text turns repetitive, not at the next probe.
+    emitted = jnp.take_along_axis(new.tokens, s.lengths[:, None], axis=1)[:, 0]  # [B]
+    judged = jnp.where(active & (sched.counts > 0), 1, 0)
+    n = jnp.where(emitted == sched.first, judged, 0)
+  else:
+    n = judged = jnp.zeros_like(s.lengths)
+  # Evidence decays per round that brings some (per row): rounds without any say
+  # nothing about the drafts, and letting the estimate drift back to the prior during
+  # them would make the loop oscillate between K = 0 and a K the drafts do not deserve.
+  decay = (auto.decay if k > 0 else 1.0 if lookup is None
+           else jnp.where(judged > 0, auto.decay, 1.0))
   # A probe (a drafting round forced after `gap` idle rounds) doubles the gap, up to
   # MAX_GAP_FACTOR x probe_every: on text the drafter cannot guess, probes and the
   # drafter's catch-up they need then cost a vanishing share of the rounds. A round
@@ -312,7 +333,8 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
       gap=gap,
       rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
-      counts=sched.counts if counts is None else counts,
+      counts=sched.counts if lookup is None else lookup[0],
+      first=sched.first if lookup is None else lookup[1],
   )
   return AutoState(new, schedule)
 

@@ -30,12 +30,12 @@ def pair():
   return jspec.models.init(config, seed=21), jspec.models.init(config, seed=22)
 
 
-def exact_distribution(model, temperature, top_k):
+def exact_distribution(model, temperature, top_k, prompt=tuple(PROMPT)):
   """P(x1 x2 x3 | prompt) for all V**3 sequences, flattened in base-V order."""
   pairs = list(itertools.product(range(V), repeat=NEW - 1))
-  seqs = jnp.asarray([PROMPT + list(x) for x in pairs], jnp.int32)
+  seqs = jnp.asarray([list(prompt) + list(x) for x in pairs], jnp.int32)
   logits = np.asarray(model.logits(seqs), np.float64)  # [V*V, P+2, V]
-  P = len(PROMPT)
+  P = len(prompt)
   probs = np.zeros((V,) * NEW)
   for row, (x1, x2) in enumerate(pairs):
     p1 = processed_probs(logits[row, P - 1], temperature, top_k)

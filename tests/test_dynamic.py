@@ -218,7 +218,8 @@ def schedule(costs, accepted, judged, idle=0, gap=64):
                                judged=f(judged), synced=jnp.zeros((1,), jnp.int32),
                                idle=jnp.asarray(idle, jnp.int32), gap=jnp.asarray(gap, jnp.int32),
                                rounds=jnp.zeros((len(costs),), jnp.int32),
-                               counts=jnp.full((1,), 4, jnp.int32))
+                               counts=jnp.full((1,), 4, jnp.int32),
+                               first=jnp.zeros((1,), jnp.int32))
 
 
 def test_choice_credits_only_the_drafts_a_lookup_has():
@@ -280,3 +281,92 @@ def test_evidence_counts_proposed_drafts_only(target, allow):
   assert np.all(accepted <= allow)
   # The round itself judged both drafts: one target call per row.
   assert np.all(np.asarray(new.decode.stats.target_calls) == 1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+  """A lookup drafter that proposes a known continuation: row b's drafts for a round
+  at length L are sequence[b, L:L+K] (the target's greedy output makes them all right)."""
+
+  sequence: jax.Array  # [B, T] int32
+  vocab_size: int = dataclasses.field(metadata=dict(static=True))
+  count: int = dataclasses.field(default=8, metadata=dict(static=True))
+
+  def init(self, tokens, prompt_lengths, cache_length):
+    return None
+
+  def lookup(self, context, num_drafts):
+    T = self.sequence.shape[1]
+    index = jnp.minimum(context.lengths[:, None] + jnp.arange(num_drafts)[None, :], T - 1)
+    drafts = jnp.take_along_axis(self.sequence, index, axis=1).astype(jnp.int32)
+    return drafts, jnp.full(context.lengths.shape, min(self.count, num_drafts), jnp.int32)
+
+  def propose(self, state, context, num_drafts, params, keys):
+    return self.lookup(context, num_drafts)[0], None, state
+
+
+def test_plain_rounds_score_a_lookups_first_draft(target):
+  """A round at K = 0 judges a lookup's first draft against the emitted token: row 0's
+  draft is the target's greedy token (accepted), row 1's is not, row 2 has none."""
+  from jspec import decode
+
+  prompts = ragged_prompts(3, target.vocab_size, seed=12)
+  kw = dict(max_new_tokens=1, eos_id=())
+  base = np.asarray(jspec.generate(target, prompts, **kw).tokens)[:, 0]
+  tokens, lengths = np.zeros((3, 16), np.int32), np.asarray([len(p) for p in prompts], np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  sequence = tokens.copy()
+  sequence[np.arange(3), lengths] = [base[0], (base[1] + 1) % target.vocab_size, base[2]]
+  for count, want in [(8, ([1, 1, 1], [1, 0, 1])), (0, ([0, 0, 0], [0, 0, 0]))]:
+    drafter = Oracle(jnp.asarray(sequence), target.vocab_size, count)
+    auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.0))
+    config = decode.DecodeConfig(num_draft_tokens=2, cache_length=32)
+    state = dynamic.init_state(target, drafter, jnp.asarray(tokens), jnp.asarray(lengths),
+                               jnp.full((3,), 4, jnp.int32), None, jnp.asarray([-1], jnp.int32),
+                               jnp.arange(3, dtype=jnp.int32), jnp.asarray(auto.costs), config,
+                               auto)
+    new = dynamic.fixed_round(target, drafter, state, config, auto, index=0)
+    np.testing.assert_array_equal(np.asarray(new.decode.tokens)[np.arange(3), lengths], base)
+    np.testing.assert_array_equal(new.schedule.judged, np.asarray(want[0], np.float32))
+    np.testing.assert_array_equal(new.schedule.accepted, np.asarray(want[1], np.float32))
+
+
+def test_plain_rounds_evidence_brings_drafting_back(target):
+  """A prior that says "do not draft" and no probes: only the evidence of plain rounds
+  can move the loop to K > 0, and with a lookup that is always right it does."""
+  prompts = ragged_prompts(2, target.vocab_size, seed=31)
+  kw = dict(max_new_tokens=40, eos_id=())
+  base = jspec.generate(target, prompts, **kw)
+  P = max(len(p) for p in prompts)
+  sequence = np.zeros((2, P + 48), np.int32)
+  for b, p in enumerate(prompts):
+    sequence[b, :len(p)] = p
+    sequence[b, len(p):len(p) + 40] = np.asarray(base.tokens)[b]
+  shy = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.5), prior=0.1, probe_every=0)
+  out = jspec.speculative_generate(target, Oracle(jnp.asarray(sequence), target.vocab_size),
+                                   prompts, num_draft_tokens=shy, **kw)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  assert out.rounds_by_k[0] > 0 and out.rounds_by_k[2] > 0, out.rounds_by_k
+
+
+def test_sampled_ngram_follows_target_with_plain_round_evidence():
+  """Enumeration (test_distribution.py) with an n-gram drafter under a schedule that
+  starts at K = 0 and drafts only once a plain round's first draft was right: the
+  prompt 1 4 1 4 has a draft (1) from the first round on. The schedule follows row 0
+  (all rows have as many tokens to go), and seed 79 gives it that hit."""
+  config = tiny_config(vocab_size=enumeration.V, layers=1, hidden=16, heads=2, kv_heads=1,
+                       scale=0.3)
+  target = jspec.models.init(config, seed=21)
+  prompt = (1, 4, 1, 4)
+  exact = enumeration.exact_distribution(target, 1.0, 0, prompt)
+  # At the prior 0.3, K = 1's rate 1.3 / 1.4 < 1; after one hit (a = 0.65), 1.65 / 1.4.
+  auto = dynamic.AutoK(choices=(0, 1), costs=(1.0, 1.4), prior=0.3, prior_weight=1.0,
+                       probe_every=0)
+  ngram = jspec.NGram(vocab_size=enumeration.V, max_ngram=2)
+  spec = jspec.speculative_generate(target, ngram, [list(prompt)] * enumeration.ROWS,
+                                    num_draft_tokens=auto, max_new_tokens=enumeration.NEW,
+                                    temperature=1.0, seed=79, eos_id=())
+  assert spec.rounds_by_k[1] > 0 and spec.rounds_by_k[0] > 0, spec.rounds_by_k
+  assert_counts_match(enumeration.sequence_counts(spec.tokens), exact, "auto n-gram")
