@@ -17,8 +17,9 @@ so nothing is downloaded:
 Sections of the JSON report (and the figures under --out):
 
   k_sweep      batch 1, code: tau, measured speedup and the ideal speedup from
-               in-loop per-call costs (`dynamic.call_costs`) for each drafter
-               and K, plus "auto"; also the whole-round costs "auto" uses
+               in-loop per-call costs (`dynamic.call_costs`: a round's calls
+               back to back; "ideal_apart" from each call timed alone) for each
+               drafter and K, plus "auto"; also the whole-round costs "auto" uses
                (`dynamic.round_costs`), and under "steady" the same comparison
                for rounds past a long generation's first quarter, without the
                call's fixed part (`steady_sweep`);
@@ -154,7 +155,9 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
   for dname, drafter in drafters.items():
     ks = (0,) + tuple(s.ks)
     costs = costs_by_drafter[dname] = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks)))
+    apart = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks, apart=True)))
     report["costs_ms_" + dname] = {str(k): v * 1e3 for k, v in costs.items()}
+    report["costs_apart_ms_" + dname] = {str(k): v * 1e3 for k, v in apart.items()}
     report["round_costs_ms_" + dname] = {
         str(k): v * 1e3 for k, v in zip(ks, dynamic.round_costs(target, drafter, 1, S, ks))}
     for k in list(s.ks) + ["auto"]:
@@ -162,6 +165,7 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
       if k != "auto":
         row["ideal_speedup"] = row["tau"] * costs[0] / costs[k]
         row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
+        row["ideal_apart_speedup"] = row["tau"] * apart[0] / apart[k]
       report["rows"][f"{dname}@{k}"] = row
   if s.steady_tokens:
     report["steady"] = steady_sweep(target, drafters, prompts[0], s, costs_by_drafter)

@@ -102,7 +102,8 @@ def demo(args) -> int:
   rates = costs.acceptance_rates(hist, emitted, calls)
   # The ideal from in-loop costs (calls repeated inside one jitted loop, as in decoding):
   # a standalone call also pays dispatch, which on an accelerator can exceed the
-  # work of a small model's step.
+  # work of a small model's step. A round's two calls are timed back to back, as a
+  # round runs them (on a CPU they share the last-level cache).
   S = cache_bucket(max(len(p) for p in prompts) + N + K + 1)
   t_plain, t_round = dynamic.call_costs(target, jspec.DraftModel(draft), 1, S, (0, K))
   ideal = rates["tau"] * t_plain / t_round
@@ -120,7 +121,8 @@ def demo(args) -> int:
   print(f"{'speculative':12s} {emitted:7d} {spec_t:8.3f} {emitted / spec_t:8.1f} "
         f"{base_t / spec_t:8.2f} {ideal:6.2f}")
   print(f"medians of {args.repeats} interleaved repeats over all prompts; ideal = tau * T_step "
-        f"/ (T_verify + K * T_draft), in-loop times, each plus a plain round's bookkeeping. "
+        f"/ (T_verify + K * T_draft), in-loop times (verify and draft back to back), each "
+        f"plus a plain round's bookkeeping. "
         f"Outputs identical: {all_equal}. "
         f"Total {time.perf_counter() - t_start:.0f} s.")
   if not all_equal:

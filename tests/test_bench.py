@@ -53,6 +53,8 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
     if r["k"] != "auto":
       costs = report["k_sweep"]["costs_ms_" + name.split("@")[0]]
       assert r["ideal_speedup"] == pytest.approx(r["tau"] * costs["0"] / costs[str(r["k"])])
+      apart = report["k_sweep"]["costs_apart_ms_" + name.split("@")[0]]
+      assert r["ideal_apart_speedup"] == pytest.approx(r["tau"] * apart["0"] / apart[str(r["k"])])
   assert set(report["batch_sweep"]) == {"1", "2"}
   for b in ("1", "2"):
     assert all(r["equal_to_baseline"] for r in report["batch_sweep"][b]["rows"].values())

@@ -174,6 +174,30 @@ def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
     dynamic.round_costs(target, drafter, 1, 128, (0, 2))
 
 
+def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch, target,
+                                                         far_draft):
+  """By default the verify and the proposal are timed back to back in one loop body
+  ("pair"); apart=True times each alone and adds them. Both add a plain round's
+  bookkeeping, so cost(0) is the plain round either way."""
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
+  drafter = jspec.DraftModel(far_draft)
+  roles = []
+  measure = dynamic._measure_costs
+
+  def recording(role, *args):
+    roles.append(role)
+    return measure(role, *args)
+
+  monkeypatch.setattr(dynamic, "_measure_costs", recording)
+  together = dynamic.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1)
+  assert roles == ["target", "pair"]
+  apart = dynamic.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1, apart=True)
+  assert roles == ["target", "pair", "target", "drafter"]  # the plain round was cached
+  assert together[0] == apart[0]
+  for costs in (together, apart):
+    assert all(c > 0 for c in costs) and costs[0] <= costs[1] <= costs[2]
+
+
 @pytest.mark.parametrize("bad", [
     dict(choices=(0,)), dict(choices=(1, 1)), dict(choices=(0, -1, 2)), dict(prior=1.0),
     dict(decay=0.0), dict(probe_every=-1), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0)),
