@@ -189,7 +189,10 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
   costs = None
   if auto is not None:
-    costs = auto.costs or dynamic.round_costs(target, drafter, B, S, auto.choices, greedy=greedy)
+    # Top-k / top-p make every position of a round sort its logits (costs differ).
+    filtered = bool(np.any((top_ks > 0) | (top_ps < 1.0)))
+    costs = auto.costs or dynamic.round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
+                                              filtered=filtered)
     choices, costs = dynamic.worthwhile(auto, costs)
     if max(choices) == 0:
       drafter, auto, K = None, None, 0  # speculation cannot win here: plain decoding

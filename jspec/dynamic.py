@@ -5,11 +5,11 @@ are accepted; it loses under load or on text the drafter cannot guess. `AutoK`
 compiles one round per K in `choices` (0 = plain decoding, no drafter call) and,
 before every round, picks the K with the most expected tokens per unit of time:
 
-    a          = (accepted + prior * prior_weight) / (judged + prior_weight)
-                 of the critical row (the active row with the most tokens to go)
-    tokens(K)  = (1 - a^(K+1)) / (1 - a)          (Leviathan et al. 2022)
-    K*         = argmax_K tokens(K) / cost(K)      cost(K) = time of one whole round
-                                                   at K (cost(0): a plain round)
+    a_b        = (accepted_b + prior * prior_weight) / (judged_b + prior_weight)
+    tokens_b(K)= (1 - a_b^(K+1)) / (1 - a_b)      (Leviathan et al. 2022)
+    K*         = argmax_K min_b tokens_b(K) / cost(K)
+                 b over the critical rows (active, with the most tokens to go);
+                 cost(K) = time of one whole round at K (cost(0): a plain round)
 
 A drafter that can have fewer drafts than K (n-gram lookup: as many as the match
 gives) is credited tokens(min(K, count)). The loop keeps its current K while that
@@ -218,36 +218,43 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
 
 
 def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
-  """(rate [C] expected tokens per unit cost of each choice for the critical row,
+  """(rate [C] expected tokens per unit cost of each choice for the critical rows,
   the chosen index, whether a probe is due); see `choose`."""
   rows = ((schedule.accepted + auto.prior * auto.prior_weight)
           / (schedule.judged + auto.prior_weight))  # [B]
-  critical = jnp.argmax(remaining)
-  a = rows[critical]
-  ks = jnp.asarray(auto.choices, jnp.float32)
-  drafts = ks if counts is None else jnp.minimum(ks, counts[critical].astype(ks.dtype))
-  rate = expected_tokens(a, drafts) / schedule.costs  # [C]
+  critical = (remaining > 0) & (remaining == jnp.max(remaining))  # [B]
+  ks = jnp.asarray(auto.choices, jnp.float32)[None, :]  # [1, C]
+  drafts = ks if counts is None else jnp.minimum(ks, counts[:, None].astype(ks.dtype))  # [B|1, C]
+  tokens = expected_tokens(rows[:, None], drafts)  # [B, C]
+  # The critical row that gains least sets the pace (1 token: all rows done).
+  pace = jnp.min(jnp.where(critical[:, None], tokens, jnp.inf), axis=0)  # [C]
+  rate = jnp.where(jnp.any(critical), pace, 1.0) / schedule.costs  # [C]
   best = jnp.argmax(rate).astype(jnp.int32)
   if not auto.probe_every:
     return rate, best, jnp.zeros((), jnp.bool_)
-  probe_rate = jnp.where(drafts > 0, rate, -jnp.inf)  # only a K with drafts to judge
+  # Only a K with drafts to judge: some critical row has one.
+  judged = jnp.any(critical[:, None] & (drafts > 0), axis=0)  # [C]
+  probe_rate = jnp.where(judged, rate, -jnp.inf)
   probe = jnp.argmax(probe_rate).astype(jnp.int32)
-  due = (schedule.idle >= schedule.gap) & jnp.any(probe_rate > -jnp.inf)
+  due = (schedule.idle >= schedule.gap) & jnp.any(judged)
   return rate, jnp.where(due, probe, best), due
 
 
 def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
   """Index into `auto.choices` of the K with the most expected tokens per unit cost
-  for the critical row: the active row with the most tokens still to generate.
+  for the critical rows: the active rows with the most tokens still to generate, and
+  among them the one whose expected tokens at that K are fewest.
 
   remaining: [B] int32 tokens each row still has to generate (<= 0: done). The loop
   runs until its last row is done, so the batch advances at the pace of the row
   furthest behind, not at the batch's mean acceptance: rows that copy their context
   finish early and then idle while a row the drafter cannot guess sets the length.
+  Rows tied for the most tokens to go (every row of a batch that asked for one
+  length, at the start) are all behind: the one the drafts serve worst sets the pace.
   counts: optional [B] int32, how many drafts the drafter proposes for each row this
-  round (`proposal_counts`). A K above the critical row's count is credited only the
-  drafts it has (at a K's cost), so it never beats K = count; with no drafts at all
-  every K > 0 is a plain step at a higher cost.
+  round (`proposal_counts`). A K above a row's count is credited only the drafts it
+  has (at a K's cost), so it never beats K = count; with no drafts at all every K > 0
+  is a plain step at a higher cost.
   """
   return _rates(schedule, auto, remaining, counts)[1]
 
@@ -265,7 +272,7 @@ def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
   datastore): how many drafts it proposes for each row this round (0 when nothing
   matches) and the first of them; None for other drafters.
 
-  A round then drafts only when the critical row has something to draft, and the
+  A round then drafts only when the critical rows have something to draft, and the
   acceptance estimate is built from rounds whose drafts were proposed. The counts
   are a function of committed tokens only, so the round's K still depends on the
   past alone (exactness, module docstring).
@@ -362,9 +369,19 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
 
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
+      finished = jnp.sum(s.decode.done)  # rows done when the phase began
       s = fixed_round(target, drafter, s, config, auto, index, sync=True)
-      same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), s.schedule.counts,
-                                                      index)
+      if auto.choices[index] == 0 and not hasattr(drafter, "lookup"):
+        # Plain rounds of a drafter without a lookup bring no evidence, and every active
+        # row moves one token (the critical rows stay the same), so the choice can only
+        # change when a row finishes or a probe falls due: test just that, not `stays`,
+        # whose few dozen scalar ops cost a few percent of a small model's step on a CPU.
+        def same(s):
+          go = not_done(s) & (jnp.sum(s.decode.done) == finished)
+          return go & (s.schedule.idle < s.schedule.gap) if auto.probe_every else go
+      else:
+        same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), s.schedule.counts,
+                                             index)
       return lax.while_loop(same, lambda s: fixed_round(target, drafter, s, config, auto, index),
                             s)
     return run
@@ -409,11 +426,13 @@ def _interleaved_times(loops: dict, carries: dict, calls: int, repeats: int) -> 
 
 
 def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: int, ks,
-                   greedy: bool, prefix: int, calls: int, repeats: int) -> dict[int, float]:
+                   greedy: bool, prefix: int, calls: int, repeats: int,
+                   filtered: bool = False) -> dict[int, float]:
   """Seconds per call, in-loop: role "target" times a call on K+1 tokens for each K,
   role "drafter" one `propose` of K drafts (K >= 1) after a realistic prefix, role
   "pair" (obj = (target, drafter)) both calls back to back (K >= 1), role "round"
-  (obj = (target, drafter)) one whole `decode_round` at each K."""
+  (obj = (target, drafter)) one whole `decode_round` at each K. Sampled (greedy
+  False) at temperature 1, with a top-p of 0.95 when `filtered`."""
   from jspec import sampling  # local: keeps the module's import surface small
 
   B, S = batch, cache_length
@@ -425,7 +444,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :prefix + 1].set(tokens)
   params = None if greedy else sampling.SamplingParams(
       temperature=jnp.ones((B,), jnp.float32), top_k=jnp.zeros((B,), jnp.int32),
-      top_p=jnp.ones((B,), jnp.float32))
+      top_p=jnp.full((B,), 0.95 if filtered else 1.0, jnp.float32))
   keys = sampling.row_keys(jnp.arange(B, dtype=jnp.int32))
   loops, carries = {}, {}
   if role == "round":
@@ -559,14 +578,18 @@ def _read_table(path: str) -> dict:
 
 
 def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: int, calls: int,
-                  repeats: int, use_cache: bool, vocab_size: int) -> list[dict[int, float]]:
+                  repeats: int, use_cache: bool, vocab_size: int,
+                  filtered: bool = False) -> list[dict[int, float]]:
   """Measured seconds per K for each (role, obj, wanted Ks), through the disk cache."""
+  filtered = filtered and not greedy
   path = cache_path()
   table = _read_table(path) if use_cache else {}
   out, measured = [], False
   for role, obj, wanted in parts:
     key_obj = {"machine": _machine(), "role": role, "model": _fingerprint(obj), "batch": batch,
                "cache_length": cache_length, "greedy": greedy, "version": COSTS_VERSION}
+    if filtered:  # (absent otherwise: keys measured before the filter was told apart hold)
+      key_obj["filtered"] = True
     key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
     known = {int(k): float(v) for k, v in table.get(key, {}).items()}
     missing = set(wanted) - set(known)
@@ -575,7 +598,7 @@ def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: in
     missing = sorted(missing)
     if missing:
       known.update(_measure_costs(role, obj, vocab_size, batch, cache_length, missing, greedy,
-                                  prefix, calls, repeats))
+                                  prefix, calls, repeats, filtered))
       table[key] = {str(k): v for k, v in sorted(known.items())}
       measured = True
     out.append(known)
@@ -589,24 +612,32 @@ def _cached_times(parts, batch: int, cache_length: int, greedy: bool, prefix: in
 
 
 def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
-                greedy: bool = True, calls: int = 16, repeats: int = 7,
-                use_cache: bool = True) -> tuple[float, ...]:
+                greedy: bool = True, filtered: bool = False, calls: int = 16,
+                repeats: int = 7, use_cache: bool = True) -> tuple[float, ...]:
   """Seconds per whole round for each K in `choices` at this batch size, in-loop.
 
   cost(0) is a plain decoding round; cost(K) a round that drafts K tokens, verifies
   them, accepts and commits. Kept in `cache_path()` under a key of the machine, the
   target's and drafter's shapes and the call's shape, so a second call with the same
   setup measures nothing.
+
+  greedy: every row greedy (argmax only). filtered: sampled rows use top-k or top-p,
+  and every position of a round then sorts its logits; plain temperature sampling
+  skips that sort, and a round at K sorts K+1 positions where a plain round sorts one
+  (on the shipped pair with top-p 0.95, costs timed without it made `"auto"` draft
+  n-gram rounds that ran at 0.79x of plain decoding).
   """
   prefix = max(min(64, cache_length - max(choices) - 3), 0)
   (times,) = _cached_times([("round", (target, drafter), list(choices))], batch, cache_length,
-                           greedy, prefix, calls, repeats, use_cache, target.vocab_size)
+                           greedy, prefix, calls, repeats, use_cache, target.vocab_size,
+                           filtered)
   return monotone(choices, [times[k] for k in choices])
 
 
 def call_costs(target: Model, drafter, batch: int, cache_length: int, choices, *,
-               greedy: bool = True, calls: int = 16, repeats: int = 7,
-               use_cache: bool = True, apart: bool = False) -> tuple[float, ...]:
+               greedy: bool = True, filtered: bool = False, calls: int = 16,
+               repeats: int = 7, use_cache: bool = True,
+               apart: bool = False) -> tuple[float, ...]:
   """What a round's calls cost for each K: T_verify(K+1) + T_draft(K), plus the
   bookkeeping of a plain round beyond its step; cost(0) is that plain round.
 
@@ -628,7 +659,8 @@ def call_costs(target: Model, drafter, batch: int, cache_length: int, choices, *
   target_t, pair_t = _cached_times(
       [("target", target, sorted(set(choices) | {0, ROUND}) if apart else [0, ROUND]),
        ("drafter" if apart else "pair", drafter if apart else (target, drafter), drafting)],
-      batch, cache_length, greedy, prefix, calls, repeats, use_cache, target.vocab_size)
+      batch, cache_length, greedy, prefix, calls, repeats, use_cache, target.vocab_size,
+      filtered)
   # Every round pays the same bookkeeping beyond its calls (the plain round minus the
   # step); counting it makes long rounds' fixed costs visible.
   extra = max(target_t[ROUND] - target_t[0], 0.0)

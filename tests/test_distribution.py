@@ -30,8 +30,10 @@ def pair():
   return jspec.models.init(config, seed=21), jspec.models.init(config, seed=22)
 
 
-def exact_distribution(model, temperature, top_k, prompt=tuple(PROMPT)):
-  """P(x1 x2 x3 | prompt) for all V**3 sequences, flattened in base-V order."""
+def exact_distribution(model, temperature, top_k, prompt=None):
+  """P(x1 x2 x3 | prompt) for all V**3 sequences, flattened in base-V order (prompt:
+  PROMPT unless given)."""
+  prompt = PROMPT if prompt is None else prompt
   pairs = list(itertools.product(range(V), repeat=NEW - 1))
   seqs = jnp.asarray([list(prompt) + list(x) for x in pairs], jnp.int32)
   logits = np.asarray(model.logits(seqs), np.float64)  # [V*V, P+2, V]

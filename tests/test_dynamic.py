@@ -198,6 +198,34 @@ def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch,
     assert all(c > 0 for c in costs) and costs[0] <= costs[1] <= costs[2]
 
 
+@pytest.mark.parametrize("top_k,top_p,filtered", [(0, 1.0, False), (0, 0.9, True),
+                                                   (5, 1.0, True)])
+def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target, far_draft,
+                                                  top_k, top_p, filtered):
+  """Top-k / top-p sort every position's logits, plain temperature sampling does not:
+  "auto" asks for costs measured with the filter on exactly when a row uses one, and
+  those are kept under their own key."""
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
+  asked = []
+  measure = dynamic._measure_costs
+
+  def recording(*args):
+    asked.append(args[-1])  # filtered
+    return measure(*args)
+
+  monkeypatch.setattr(dynamic, "_measure_costs", recording)
+  monkeypatch.setattr(dynamic.round_costs, "__kwdefaults__",
+                      {**dynamic.round_costs.__kwdefaults__, "calls": 2, "repeats": 1})
+  jspec.speculative_generate(target, far_draft, [[1, 2, 3]], num_draft_tokens="auto",
+                             max_new_tokens=3, temperature=0.8, top_k=top_k, top_p=top_p)
+  assert asked == [filtered]
+  # The other kind of sampled costs is not in the cache yet: measured once more.
+  S = jspec.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
+  dynamic.round_costs(target, jspec.DraftModel(far_draft), 1, S, (0, 1, 2, 3, 4, 6),
+                      greedy=False, filtered=not filtered, calls=2, repeats=1)
+  assert asked == [filtered, not filtered]
+
+
 @pytest.mark.parametrize("bad", [
     dict(choices=(0,)), dict(choices=(1, 1)), dict(choices=(0, -1, 2)), dict(prior=1.0),
     dict(decay=0.0), dict(probe_every=-1), dict(costs=(1.0,)), dict(choices=(0, 2), costs=(1.0, -2.0)),
@@ -263,6 +291,24 @@ def test_choice_credits_only_the_drafts_a_lookup_has():
   assert not bool(dynamic.stays(rising, auto, remaining, none, 3))
   # Without a lookup every K is credited all its drafts.
   assert int(dynamic.choose(sched, auto, remaining)) == 3
+
+
+def test_the_critical_row_the_drafts_serve_worst_sets_the_pace():
+  """Two rows, one whose drafts are mostly accepted (a = 0.9) and one whose are not
+  (a = 0.1): tied for tokens to go, the second sets the batch's pace (K = 0); once it
+  is ahead, the first alone is critical (K = 2). A row with no draft this round
+  (lookup count 0) gains nothing from any K."""
+  auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.5))
+  f = lambda *x: jnp.asarray(x, jnp.float32)
+  sched = dynamic.ScheduleState(costs=f(1.0, 1.5), accepted=f(90.0, 10.0), judged=f(100.0, 100.0),
+                                synced=jnp.zeros((2,), jnp.int32), idle=jnp.zeros((), jnp.int32),
+                                gap=jnp.asarray(64, jnp.int32), rounds=jnp.zeros((2,), jnp.int32),
+                                counts=jnp.full((2,), 2, jnp.int32), first=jnp.zeros((2,), jnp.int32))
+  rem = lambda *x: jnp.asarray(x, jnp.int32)
+  assert int(dynamic.choose(sched, auto, rem(20, 20))) == 0
+  assert int(dynamic.choose(sched, auto, rem(20, 19))) == 1
+  assert int(dynamic.choose(sched, auto, rem(20, -1))) == 1  # the slow row is done
+  assert int(dynamic.choose(sched, auto, rem(20, 19), jnp.asarray([0, 2], jnp.int32))) == 0
 
 
 @pytest.mark.parametrize("margin", [0.0, 0.05])
@@ -378,8 +424,9 @@ def test_plain_rounds_evidence_brings_drafting_back(target):
 def test_sampled_ngram_follows_target_with_plain_round_evidence():
   """Enumeration (test_distribution.py) with an n-gram drafter under a schedule that
   starts at K = 0 and drafts only once a plain round's first draft was right: the
-  prompt 1 4 1 4 has a draft (1) from the first round on. The schedule follows row 0
-  (all rows have as many tokens to go), and seed 79 gives it that hit."""
+  prompt 1 4 1 4 has a draft (1) from the first round on. Row 0 asks for one token
+  more than the others, so the schedule follows it alone (the critical row), and seed
+  79 gives it that hit; every row's first three tokens are counted."""
   config = tiny_config(vocab_size=enumeration.V, layers=1, hidden=16, heads=2, kv_heads=1,
                        scale=0.3)
   target = jspec.models.init(config, seed=21)
@@ -389,8 +436,10 @@ def test_sampled_ngram_follows_target_with_plain_round_evidence():
   auto = dynamic.AutoK(choices=(0, 1), costs=(1.0, 1.4), prior=0.3, prior_weight=1.0,
                        probe_every=0)
   ngram = jspec.NGram(vocab_size=enumeration.V, max_ngram=2)
+  lengths = [enumeration.NEW + 1] + [enumeration.NEW] * (enumeration.ROWS - 1)
   spec = jspec.speculative_generate(target, ngram, [list(prompt)] * enumeration.ROWS,
-                                    num_draft_tokens=auto, max_new_tokens=enumeration.NEW,
+                                    num_draft_tokens=auto, max_new_tokens=lengths,
                                     temperature=1.0, seed=79, eos_id=())
   assert spec.rounds_by_k[1] > 0 and spec.rounds_by_k[0] > 0, spec.rounds_by_k
-  assert_counts_match(enumeration.sequence_counts(spec.tokens), exact, "auto n-gram")
+  tokens = np.asarray(spec.tokens)[:, :enumeration.NEW]
+  assert_counts_match(enumeration.sequence_counts(tokens), exact, "auto n-gram")

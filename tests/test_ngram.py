@@ -240,12 +240,8 @@ def small_target():
 def exact(small_target):
   """Exact P(x1 x2 x3 | prompt) at temperature 1 per prompt: test_distribution's
   enumeration, pointed at these prompts."""
-  out = {}
-  for prompt in (MATCHING, UNMATCHED):
-    with pytest.MonkeyPatch.context() as mp:
-      mp.setattr(enumeration, "PROMPT", prompt)
-      out[tuple(prompt)] = enumeration.exact_distribution(small_target, 1.0, 0)
-  return out
+  return {tuple(p): enumeration.exact_distribution(small_target, 1.0, 0, p)
+          for p in (MATCHING, UNMATCHED)}
 
 
 @pytest.mark.parametrize("kind", ["ngram", "datastore"])
