@@ -92,8 +92,10 @@ def load_sharded(mesh):
       spec = model.params["layers"]["wq"].sharding.spec
       out[kind] = {"wq_spec": [str(a) for a in spec],
                    "per_device": sorted(sharding.per_device_bytes(model.params).values()),
+                   # Split heads sum their partial products in another order: on an
+                   # AVX-512 CPU the logits (up to about 9) moved by up to 2.2e-5.
                    "logits_equal": bool(np.allclose(np.asarray(model.logits(tokens)), want,
-                                                    atol=1e-5, rtol=1e-5))}
+                                                    atol=1e-4, rtol=1e-5))}
   return out
 
 
