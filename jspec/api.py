@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import decode, dynamic, sharding
+from jspec import decode, dynamic, sharding, streaming
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.sampling import SamplingParams
@@ -44,7 +44,7 @@ class GenerateOutput:
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
              eos_id=None, seed=0, prompt_lengths=None, cache_length=None, mesh=None,
-             rules=None) -> GenerateOutput:
+             rules=None, stream=None) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -62,15 +62,18 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
     mesh: optional `jax.sharding.Mesh` (axes `data`, `model`) or `jspec.sharding.Layout`:
       params are placed by `rules` (default `jspec.sharding.HYBRID`), prompts and the
       KV cache split over the batch. Results equal the one-device results.
+    stream: optional callable; after every round it gets, on the host, a list with
+      each row's newly committed token ids (`jspec.streaming`). The output is the
+      same with or without it.
   """
   return _run(model, None, prompts, 0, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-              prompt_lengths, cache_length, mesh, rules)
+              prompt_lengths, cache_length, mesh, rules, stream=stream)
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
-                         rules=None, tree: Tree | None = None) -> GenerateOutput:
+                         rules=None, tree: Tree | None = None, stream=None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
@@ -130,14 +133,20 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
                      f"reads the target's hidden states, which rounds without drafting do not "
                      f"keep; pass a fixed K")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
-              seed, prompt_lengths, cache_length, mesh, rules, tree)
+              seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream)
 
 
 # ----------------------------------------------------------------------------- host side
 
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-         prompt_lengths, cache_length, mesh, rules, tree=None) -> GenerateOutput:
+         prompt_lengths, cache_length, mesh, rules, tree=None, stream=None) -> GenerateOutput:
+  if stream is not None and stream is not True:
+    if not callable(stream):
+      raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
+    with streaming.listening(stream):
+      return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
+                  eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True)
   auto = K if isinstance(K, dynamic.AutoK) else None
   if auto is not None:
     K = auto.max_k
@@ -199,7 +208,8 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     else:
       auto = dataclasses.replace(auto, choices=choices, costs=None)  # costs go in traced
       K = max(choices)
-  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout, tree=tree)
+  config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout, tree=tree,
+                               stream=stream is True)
   tokens_, lengths_, max_new_, seeds_ = rows[:4]
   params = None
   if not greedy:

@@ -1,6 +1,6 @@
-"""Checkpoints on disk: jspec's native format, Hugging Face directories, the Hub.
+"""Checkpoints on disk: jspec's native format, Hugging Face directories, GGUF files, the Hub.
 
-`load` takes any of three things and returns a `jspec.Model`:
+`load` takes any of four things and returns a `jspec.Model`:
 
   * a native jspec directory (written by `save`):
         jspec_config.json   config class and fields, EOS ids
@@ -8,6 +8,9 @@
         tokenizer.json      when the model carries a tokenizer
   * a Hugging Face directory (config.json + safetensors), read by
     `jspec.models.hf.load_hf`, with its tokenizer.json and EOS ids attached;
+  * a GGUF file (llama.cpp's format, quantised or not), read by
+    `jspec.models.gguf.load_gguf`: architecture, weights (dequantised to f32),
+    tokenizer, chat template and stop ids all come from the one file;
   * a Hub repo id ("org/name"), downloaded with `huggingface_hub` when it is
     installed (`pip install 'jspec[hub]'`), then read as above.
 
@@ -112,7 +115,7 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
   """A `jspec.Model` from a native directory, a Hugging Face directory or a Hub id.
 
   Args:
-    path: a directory, or "org/name" on the Hugging Face Hub (needs
+    path: a directory, a .gguf file, or "org/name" on the Hugging Face Hub (needs
       `huggingface_hub`; files are cached by it).
     dtype: cast floating-point params to this dtype on load (e.g.
       "bfloat16"); None keeps the stored dtypes.
@@ -132,8 +135,11 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
     raise FileNotFoundError(
         f"{local} holds neither a jspec checkpoint ({CONFIG_FILE}) nor a Hugging Face "
         f"checkpoint (config.json)")
-  if os.path.exists(local):
-    raise NotADirectoryError(f"{local} is a file; a checkpoint is a directory")
+  if os.path.isfile(local):
+    if local.endswith(".gguf") or _has_gguf_magic(local):
+      return _load_gguf(os.path.abspath(local), dtype, layout)
+    raise NotADirectoryError(f"{local} is a file but not a GGUF file; other checkpoints are "
+                             f"directories")
   if _REPO_ID.match(name) and ".." not in name:
     try:
       import huggingface_hub
@@ -160,6 +166,25 @@ def _load_hf(path: str, dtype, layout=None) -> Model:
     eos_ids = tuple(i for i in eos_ids if 0 <= i < model.vocab_size)
   return dataclasses.replace(model, tokenizer=load_tokenizer(path, eos_ids=eos_ids),
                              eos_ids=eos_ids)
+
+
+def _has_gguf_magic(path: str) -> bool:
+  with open(path, "rb") as f:
+    return f.read(4) == b"GGUF"
+
+
+def _load_gguf(path: str, dtype, layout=None) -> Model:
+  from jspec.gguf_tokenizer import tokenizer_from_gguf
+  from jspec.models import gguf
+
+  reader = gguf.open_reader(path)
+  # The tokenizer first: its metadata errors are cheaper than reading the weights.
+  tokenizer = tokenizer_from_gguf(reader)
+  model = gguf.load_gguf(path, dtype=dtype, layout=layout, reader=reader)
+  if tokenizer.vocab_size > model.vocab_size:
+    raise ValueError(f"{path}: the tokenizer knows {tokenizer.vocab_size} ids, the model's "
+                     f"vocabulary has {model.vocab_size}")
+  return dataclasses.replace(model, tokenizer=tokenizer, eos_ids=tuple(tokenizer.eos_ids))
 
 
 def _load_native(path: str, dtype, layout=None) -> Model:

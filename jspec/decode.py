@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jspec import acceptance, sampling, sharding
+from jspec import acceptance, sampling, sharding, streaming
 from jspec import tree as tree_lib
 from jspec.drafter import DraftContext
 from jspec.model import Model
@@ -59,6 +59,7 @@ class DecodeConfig:
   cache_length: int  # S slots per row, >= prompt + max_new_tokens + (K + 1 or N)
   layout: sharding.Layout | None = None  # mesh + rules for the target cache; None: one device
   tree: Tree | None = None  # verify a static draft tree of N nodes instead of a chain
+  stream: bool = False  # send committed tokens to the host after every round (streaming.py)
 
   def __post_init__(self):
     if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
@@ -306,8 +307,14 @@ def _commit(state: DecodeState, n, emitted, K: int) -> DecodeState:
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
   """Run rounds in one `lax.while_loop` until every row is done."""
   target, drafter = prepared(target), prepared(drafter)
-  return lax.while_loop(lambda s: jnp.any(~s.done),
-                        lambda s: decode_round(target, drafter, s, config), state)
+
+  def body(s):
+    s = decode_round(target, drafter, s, config)
+    if config.stream:
+      streaming.emit(s.tokens, s.lengths, s.prompt_lengths)
+    return s
+
+  return lax.while_loop(lambda s: jnp.any(~s.done), body, state)
 
 
 def output_tokens(state: DecodeState):

@@ -5,12 +5,16 @@ The engine speaks token ids only; this host-side object rides on a
 CLI can turn prompts into ids and outputs back into text. It reads the one
 file every Hugging Face checkpoint with a fast tokenizer ships,
 `tokenizer.json`, and the stop ids from `generation_config.json` (what
-`transformers` generation obeys) or else `config.json`.
+`transformers` generation obeys) or else `config.json`. Chat templates are
+rendered the way `transformers` renders them, so a prompt built here is the
+same string (and the same ids) the model saw in fine-tuning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import functools
 import json
 import os
 from typing import Any, Sequence
@@ -21,6 +25,9 @@ TOKENIZER_FILE = "tokenizer.json"
 # Written back untouched on save, so an exported directory keeps its special
 # tokens and chat template for `transformers.AutoTokenizer`.
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# The special-token strings a chat template sees by name, as in transformers.
+TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                   "mask_token")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -60,6 +67,39 @@ class Tokenizer:
   def decode_batch(self, rows, skip_special_tokens: bool = True) -> list[str]:
     """`decode` of every row of a [B, N] array (e.g. `GenerateOutput.tokens`)."""
     return [self.decode(r, skip_special_tokens) for r in rows]
+
+  @property
+  def chat_template(self) -> str | None:
+    """The Jinja chat template of tokenizer_config.json, or None without one."""
+    template = (self.config or {}).get("chat_template")
+    if isinstance(template, list):  # named templates: the "default" one is the chat format
+      template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template
+
+  def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = False,
+                          tokenize: bool = False, **kwargs) -> str | list[int]:
+    """The prompt text of a conversation (its ids when `tokenize`), as transformers renders it.
+
+    `messages` are {"role", "content"} dicts; `add_generation_prompt` appends the
+    header of an assistant turn so the model answers next. Extra keyword
+    arguments reach the template as variables (e.g. `enable_thinking=False`).
+    The ids are encoded without adding BOS again: the template writes every
+    special token the model expects.
+    """
+    template = self.chat_template
+    if template is None:
+      raise ValueError("this tokenizer has no chat template (no 'chat_template' in its "
+                       "tokenizer_config.json); format the prompt text yourself")
+    variables = {}
+    for name in TEMPLATE_TOKENS:
+      value = (self.config or {}).get(name)
+      if isinstance(value, dict):  # an AddedToken, serialised
+        value = value.get("content")
+      if isinstance(value, str):
+        variables[name] = value
+    variables.update(kwargs)
+    text = render_chat_template(template, messages, add_generation_prompt, **variables)
+    return self.encode(text, add_special_tokens=False)[0] if tokenize else text
 
   def save(self, directory) -> None:
     """Write tokenizer.json (and tokenizer_config.json when known) into `directory`."""
@@ -103,6 +143,60 @@ def read_eos_ids(directory) -> tuple[int, ...]:
                        f"int or a list of them, got {value!r}")
     return tuple(values)
   return ()
+
+
+def render_chat_template(template: str, messages: Sequence[dict],
+                         add_generation_prompt: bool = False, **variables) -> str:
+  """`template` rendered over `messages` in transformers' Jinja environment.
+
+  The same sandbox, whitespace rules and helpers (`raise_exception`, a
+  `tojson` that keeps non-ASCII text, `strftime_now`) as transformers, so
+  templates written for it render to the same text here.
+  """
+  if not all(isinstance(m, dict) for m in messages):
+    raise TypeError(f"messages must be a list of dicts with 'role' and 'content', got {messages!r}")
+  variables.setdefault("tools", None)
+  variables.setdefault("documents", None)
+  messages = [dict(m) for m in messages]  # the template sees copies
+  variables["add_generation_prompt"] = add_generation_prompt
+  return _compile_template(template).render(messages=messages, **variables)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile_template(template: str):
+  try:
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+  except ImportError as e:
+    raise ImportError("chat templates need jinja2: pip install jinja2") from e
+
+  class Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; it
+    renders its body unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+      return caller()
+
+  def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                      extensions=[Generation, jinja2.ext.loopcontrols])
+  env.filters["tojson"] = tojson
+  env.globals["raise_exception"] = raise_exception
+  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+  return env.from_string(template)
 
 
 def _read_json(path) -> dict | None:

@@ -374,25 +374,58 @@ def load_hf(path: str, dtype=None, layout=None):
   """
   cfg = read_config(path)
   family = family_of(cfg)
-  config = family.config(cfg)
   files = _weight_files(path)
-  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))  # our layout
-  flat_shapes = _flatten(shapes)
-  top_rules, layer_rules = family.rules()
-  prefix = family.top_prefix if any(n.startswith(family.top_prefix) for n in files) else ""
-  layer_prefix = family.layer_prefix if prefix else family.layer_prefix[len(family.top_prefix):]
-
   readers: dict[str, SafetensorsFile] = {}
 
-  def tensor(name):
-    if name not in files:
-      raise CheckpointError(f"tensor {name} is missing from the checkpoint in {path}")
+  def read(name):
     file = files[name]
     if file not in readers:
       readers[file] = SafetensorsFile(file)
     if name not in readers[file].tensors:
       raise CheckpointError(f"{file}: tensor {name} listed in the index is not in the file")
     return readers[file].read(name)
+
+  source = TensorSource(names=frozenset(files), read=read, where=files.get, origin=path)
+  return load_tensors(cfg, family, source, dtype=dtype, layout=layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSource:
+  """Named tensors in Hugging Face naming, read one at a time.
+
+  `read(name)` returns a NumPy array in the torch layout (Linear weights
+  [out, in]); `where(name)` names the file it lives in, for error messages;
+  `origin` names the checkpoint. A safetensors directory and a GGUF file
+  (`jspec.models.gguf`) are both read through this.
+  """
+
+  names: frozenset
+  read: Callable[[str], np.ndarray]
+  where: Callable[[str], str]
+  origin: str
+
+
+def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None, layout=None,
+                 config: TransformerConfig | None = None):
+  """A `jspec.Model` from Hugging Face-named tensors and a parsed config.json dict.
+
+  Tensors are read one at a time and written into preallocated stacked arrays;
+  each param moves to the device as soon as it is complete, so host memory holds
+  at most one stacked param beyond what is already placed.
+  """
+  config = family.config(cfg) if config is None else config
+  files = source.names
+  path = source.origin
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))  # our layout
+  flat_shapes = _flatten(shapes)
+  top_rules, layer_rules = family.rules()
+  prefix = family.top_prefix if any(n.startswith(family.top_prefix) for n in files) else ""
+  layer_prefix = family.layer_prefix if prefix else family.layer_prefix[len(family.top_prefix):]
+
+  def tensor(name):
+    if name not in files:
+      raise CheckpointError(f"tensor {name} is missing from the checkpoint in {path}")
+    return source.read(name)
 
   out: dict[str, np.ndarray] = {}
   used: set[str] = set()
@@ -409,8 +442,8 @@ def load_hf(path: str, dtype=None, layout=None):
       expected_shapes[rule] = _their_shapes(rule, config, flat_shapes, layer is not None)
     for n, arr, expected in zip(names, arrays, expected_shapes[rule]):
       if tuple(arr.shape) != expected:
-        raise CheckpointError(f"{files[n]}: tensor {n} has shape {tuple(arr.shape)}, expected "
-                              f"{expected} for this config.json")
+        raise CheckpointError(f"{source.where(n)}: tensor {n} has shape {tuple(arr.shape)}, "
+                              f"expected {expected} for this config")
     used.update(names)
     for p, value in zip(rule.ours, rule.load(config, *arrays)):
       value = np.asarray(value)
@@ -455,7 +488,7 @@ def load_hf(path: str, dtype=None, layout=None):
   ignored = family.ignored
   extra = [n for n in files if n not in used and not any(n.endswith(s) for s in ignored)]
   if extra:
-    raise CheckpointError(f"tensors in {path} that this config.json does not account for "
+    raise CheckpointError(f"tensors in {path} that its config does not account for "
                           f"(config and weights disagree?): {sorted(extra)[:8]}")
   missing = [p for p in flat_shapes if p not in out]
   if missing:
