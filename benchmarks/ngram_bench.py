@@ -19,7 +19,7 @@ drafts_per_ngram=None, which always proposes K) run in one process, compiled
 first, then timed as interleaved repeats; the table gives medians. tau = tokens
 emitted / target calls. Then the matcher's cost: `NGram.propose` jitted alone
 against one target verify call (K+1 tokens) at the same batch and cache length,
-and the ideal speedup of DESIGN.md from those times.
+and the ideal speedup (docs/measurement.md) from those times.
 
 A random-init target's acceptance says nothing about real text: a random model
 neither copies its prompt nor writes text; what it accepts comes from chance

@@ -1,7 +1,7 @@
 """`jspec.Model`: a pure model function, its static config and its params.
 
 The engine never imports an architecture. It consumes any object that follows
-the model contract (see DESIGN.md):
+the model contract (see docs/architecture.md):
 
     logits, hidden, cache = apply(config, params, tokens, cache, start,
                                   block_mask=None, depth=None)

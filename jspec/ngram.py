@@ -37,7 +37,7 @@ a_n carry the placeholder with a one-hot q like any other draft: still an exact
 rejection sampler (a placeholder may even be accepted by chance), never a
 forced rejection. The cap therefore costs no compute here and can only lower
 acceptance; it exists so that `lookup`'s per-row count can drive a round length
-chosen in-graph (DESIGN.md, dynamic speculation), where capped positions are
+chosen in-graph (docs/architecture.md, the acceptance rule), where capped positions are
 truly not proposed.
 
 `context_drafts` and the helpers below it are shared with `jspec.datastore`.

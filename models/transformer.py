@@ -10,7 +10,7 @@ Face `LlamaConfig` field names.
 
 Two faces over the same math:
   * `apply(config, params, tokens, cache, start, block_mask, depth)`: the pure
-    model contract the decoding engine calls (DESIGN.md), with a static-shape
+    model contract the decoding engine calls (docs/architecture.md), with a static-shape
     KV cache;
   * `Transformer`, a Flax NNX module holding the same params as `nnx.Param`s,
     trainable with optax like any NNX model.
@@ -221,7 +221,7 @@ def unstack(config: TransformerConfig, params: dict) -> dict:
 def _visibility(start, block_mask, depth, slots: int):
   """Which slots each block token sees, and the position held in every slot.
 
-  Returns visible bool [B, T, S] (DESIGN.md contract) and kv_pos int32 [B, S].
+  Returns visible bool [B, T, S] (the contract of docs/architecture.md) and kv_pos int32 [B, S].
   """
   T = block_mask.shape[0]
   s = jnp.arange(slots, dtype=jnp.int32)[None, :]  # [1, S]
@@ -252,7 +252,7 @@ def _project(h, w, b=None):
 
 def apply(config: TransformerConfig, params: dict, tokens, cache, start,
           block_mask=None, depth=None):
-  """The model contract. See module docstring and DESIGN.md."""
+  """The model contract. See module docstring and docs/architecture.md."""
   c = config
   B, T = tokens.shape
   if block_mask is None:

@@ -63,7 +63,7 @@ def first_divergence_gap(target, prompt, reference, other):
 
 
 def assert_greedy_match(target, prompts, expected, got, tol=1e-4):
-  """Rows equal, or differ first at a near-tie (top-2 gap < tol), per DESIGN.md."""
+  """Rows equal, or differ first at a near-tie (top-2 gap < tol), per docs/architecture.md."""
   for b, prompt in enumerate(prompts):
     gap = first_divergence_gap(target, prompt, expected[b], got[b])
     assert gap is None or gap < tol, (

@@ -29,7 +29,7 @@ def processed_probs(logits, temperature=1.0, top_k=0, top_p=1.0):
 
 
 def bin_bound(n, p):
-  """Per-bin tolerance for a count of n draws with probability p (DESIGN.md)."""
+  """Per-bin tolerance for a count of n draws with probability p (docs/architecture.md)."""
   return 6.0 * np.sqrt(n * p * (1.0 - p)) + 5.0
 
 

@@ -1,4 +1,4 @@
-"""The acceptance kernel's statistics against exact values (DESIGN.md)."""
+"""The acceptance kernel's statistics against exact values (docs/architecture.md)."""
 
 import jax
 import jax.numpy as jnp

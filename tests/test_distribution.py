@@ -1,4 +1,4 @@
-"""Whole-sequence distributions by enumeration on a tiny vocabulary (DESIGN.md).
+"""Whole-sequence distributions by enumeration on a tiny vocabulary (docs/architecture.md).
 
 Vocabulary 6, 3 new tokens: all 216 continuations are enumerated and their exact
 probabilities under the target's processed distribution computed from full

@@ -1,6 +1,6 @@
 """Tree verification: topologies, exact acceptance over a tree, K/V compaction.
 
-Exactness follows DESIGN.md: greedy tree output equals greedy baseline output (up
+Exactness follows docs/architecture.md: greedy tree output equals greedy baseline output (up
 to near-ties); the whole-sequence distribution of tree decoding at temperature 1,
 with two children per node, matches enumeration; after a tree round the target's
 cache equals the cache of feeding the accepted tokens as a chain.
