@@ -20,9 +20,7 @@ are never touched), or from an already-open `gguf.GGUFReader`.
 
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 import warnings
 
 import numpy as np
@@ -237,9 +235,15 @@ def _turn_end_id(config, backend) -> int | None:
 
 
 def _read_metadata(source) -> tuple[str, dict]:
-  """(a name for messages, {key: value}) of a path or an open GGUFReader."""
+  """(a name for messages, {key: value}) of a path, a parsed `jspec.gguf_file.GGUFFile`
+  or an open `gguf.GGUFReader`."""
+  from jspec import gguf_file
+
   if isinstance(source, (str, os.PathLike)):
-    return os.fspath(source), _read_file(os.fspath(source))
+    path = os.fspath(source)
+    return path, gguf_file.read_header(path, tensors=False).metadata
+  if isinstance(source, gguf_file.GGUFFile):
+    return source.path, source.metadata
   fields = getattr(source, "fields", None)
   if fields is None:
     raise TypeError(f"tokenizer_from_gguf takes a path or a gguf.GGUFReader, got {source!r}")
@@ -264,50 +268,3 @@ def _field_value(field):
   return bool(value) if kinds[0] == 7 else value
 
 
-# GGUF value types: numpy dtype codes by type id; 7 is bool, 8 string, 9 array.
-_DTYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "u1", 10: "u8",
-           11: "i8", 12: "f8"}
-
-
-def _read_file(path) -> dict:
-  """The key/value metadata of a GGUF file: its header only, memory-mapped."""
-  with open(path, "rb") as f:
-    if f.read(4) != b"GGUF":
-      raise ValueError(f"{path} is not a GGUF file (it does not start with GGUF)")
-    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-  pos = 24
-
-  def take(fmt):
-    nonlocal pos
-    (v,) = struct.unpack_from(order + fmt, buf, pos)
-    pos += struct.calcsize(order + fmt)
-    return v
-
-  def numbers(kind, n):
-    nonlocal pos
-    dtype = np.dtype(order + _DTYPES[kind])  # KeyError: a type this reader does not know
-    values = np.frombuffer(buf, dtype, n, pos).tolist()
-    pos += n * dtype.itemsize
-    return [bool(v) for v in values] if kind == 7 else values
-
-  def value(kind):
-    nonlocal pos
-    if kind == 8:
-      n = take("Q")
-      pos += n
-      return buf[pos - n:pos].decode()
-    if kind == 9:
-      item, n = take("I"), take("Q")
-      return [value(item) for _ in range(n)] if item in (8, 9) else numbers(item, n)
-    return numbers(kind, 1)[0]
-
-  with buf:
-    try:
-      # A big-endian file's version reads as a huge number little-endian.
-      order = "<" if struct.unpack_from("<I", buf, 4)[0] < 0x10000 else ">"
-      version, _, n_kv = struct.unpack_from(order + "IQQ", buf, 4)
-      if version < 2:
-        raise ValueError(f"GGUF version {version} is too old; version 2 or later is needed")
-      return {value(8): value(take("I")) for _ in range(n_kv)}  # key, then value
-    except (struct.error, ValueError, UnicodeDecodeError, KeyError) as e:
-      raise ValueError(f"{path}: cannot read GGUF metadata ({e!r})") from e

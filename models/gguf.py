@@ -14,9 +14,9 @@ What llama.cpp's converter changed, undone here:
   * `gemma2` files store RMSNorm scales as `1 + w`; the decoder's (1 + w) norm
     wants `w`.
 
-The tensor data is memory-mapped; one tensor at a time is dequantised to f32, so
-host memory holds the quantised file's pages, the params placed so far and one
-stacked param being filled.
+The header is parsed by `jspec.gguf_file`; each tensor is read with one positioned
+read and dequantised to f32 just before it is placed, so host memory holds the
+params placed so far and about one tensor more.
 """
 
 from __future__ import annotations
@@ -57,38 +57,19 @@ class GGUFError(hf.CheckpointError):
 
 
 def open_reader(path: str):
-  """A `gguf.GGUFReader` over `path`, with a clear error for a missing, truncated or
-  foreign file (the reader's own errors name neither the file nor the cause)."""
+  """The parsed header of `path` (`jspec.gguf_file.GGUFFile`), with a clear error naming
+  the file for a missing, foreign, truncated or corrupt one."""
+  from jspec import gguf_file
+
   try:
-    import gguf
-  except ImportError:
-    raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from None
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no GGUF file {path}")
-  with open(path, "rb") as f:
-    magic = f.read(4)
-  if magic != b"GGUF":
-    raise GGUFError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-  try:
-    reader = gguf.GGUFReader(path)
-  except Exception as e:  # truncated headers surface as index or value errors
-    raise GGUFError(f"cannot read {path} (truncated or corrupt GGUF?): "
-                    f"{type(e).__name__}: {e}") from None
-  size = os.path.getsize(path)
-  for t in reader.tensors:
-    if t.data_offset + t.n_bytes > size:
-      raise GGUFError(f"{path} is truncated: tensor {t.name} ends at byte "
-                      f"{t.data_offset + t.n_bytes}, the file has {size}")
-  return reader
+    return gguf_file.read_header(path)
+  except gguf_file.GGUFFormatError as e:
+    raise GGUFError(str(e)) from None
 
 
 def field(reader, key: str, default=None):
   """A metadata value: a scalar, a string, or a list for array fields."""
-  f = reader.fields.get(key)
-  if f is None:
-    return default
-  value = f.contents()
-  return value
+  return reader.get(key, default)
 
 
 def architecture(reader, path: str) -> str:
@@ -113,12 +94,11 @@ def hf_config(reader, path: str) -> dict:
     return value
 
   heads = int(need("attention.head_count"))
-  names = {t.name for t in reader.tensors}
+  names = set(reader.tensors)
   vocab = field(reader, f"{arch}.vocab_size")
   if vocab is None:  # older files: the vocabulary's length, else the embedding's rows
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = len(tokens.data) if tokens is not None else int(
-        next(t for t in reader.tensors if t.name == "token_embd.weight").shape[-1])
+    tokens = reader.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if tokens is not None else int(reader.tensors["token_embd.weight"].dims[-1])
   hidden = int(need("embedding_length"))
   head_dim = field(reader, f"{arch}.attention.key_length")
   if head_dim is None and kind in ("llama", "mistral"):
@@ -174,22 +154,28 @@ def _supported_types():
           *gguf.quants._type_traits}
 
 
+def _type_name(kind: int) -> str:
+  import gguf
+
+  return gguf.GGMLQuantizationType(kind).name
+
+
 def tensor_source(reader, path: str, cfg: dict) -> hf.TensorSource:
   """The file's tensors under Hugging Face names, dequantised (and un-permuted) on read."""
-  import gguf
+  from jspec import gguf_file
 
   kind = cfg["model_type"]
   supported = _supported_types()
   by_name, unknown = {}, []
-  for t in reader.tensors:
+  for t in reader.tensors.values():
     name = _hf_name(t.name, kind)
     if name is None:
       if t.name not in _IGNORED:
         unknown.append(t.name)
       continue
-    if t.tensor_type not in supported:
+    if t.type not in supported:
       raise GGUFError(
-          f"{path}: tensor {t.name} has type {t.tensor_type.name}, which cannot be "
+          f"{path}: tensor {t.name} has type {_type_name(t.type)}, which cannot be "
           f"dequantised; supported: {', '.join(sorted(q.name for q in supported))}")
     by_name[name] = t
   if unknown:
@@ -198,13 +184,13 @@ def tensor_source(reader, path: str, cfg: dict) -> hf.TensorSource:
 
   def read(name: str) -> np.ndarray:
     t = by_name[name]
-    shape = tuple(int(n) for n in reversed(t.shape))  # GGML lists the fastest axis first
     try:
-      value = gguf.quants.dequantize(t.data, t.tensor_type)
+      value = gguf_file.read_tensor(reader, t.name)
+    except gguf_file.GGUFFormatError as e:
+      raise GGUFError(str(e)) from None
     except Exception as e:
       raise GGUFError(f"{path}: cannot dequantise tensor {t.name} "
-                      f"({t.tensor_type.name}): {e}") from None
-    value = np.asarray(value, np.float32).reshape(shape)
+                      f"({_type_name(t.type)}): {e}") from None
     if kind in ("llama", "mistral"):
       if ".q_proj." in name:
         value = _unpermute(value, heads)

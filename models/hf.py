@@ -13,6 +13,7 @@ or more Hugging Face tensors to one or more jspec params and back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -409,9 +410,10 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
                  config: TransformerConfig | None = None):
   """A `jspec.Model` from Hugging Face-named tensors and a parsed config.json dict.
 
-  Tensors are read one at a time and written into preallocated stacked arrays;
-  each param moves to the device as soon as it is complete, so host memory holds
-  at most one stacked param beyond what is already placed.
+  Tensors are read one at a time. Without a layout each layer's slice is written
+  in place into a preallocated device stack; with one, stacks are filled on the
+  host and placed shard by shard as soon as they are complete. Either way host
+  memory holds little beyond the params already placed.
   """
   config = family.config(cfg) if config is None else config
   files = source.names
@@ -450,6 +452,10 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
       target_dtype = np.dtype(dtype) if dtype is not None else value.dtype
       if layer is None:
         out[p] = value.astype(target_dtype, copy=False)
+      elif layout is None:  # straight into a device buffer, one layer at a time
+        if p not in out:
+          out[p] = jnp.zeros(flat_shapes[p].shape, target_dtype)
+        out[p] = _set_layer(out[p], value, layer)
       else:
         if p not in out:
           out[p] = np.empty(flat_shapes[p].shape, target_dtype)
@@ -494,6 +500,13 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
   if missing:
     raise CheckpointError(f"the checkpoint in {path} has no tensors for params {missing}")
   return make_model(config, _unflatten(out))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stack, value, layer):
+  """stack[layer] = value, in place (the stack is donated): a stacked param is filled on the
+  device layer by layer, so host memory never holds a whole stack next to its device copy."""
+  return jax.lax.dynamic_update_index_in_dim(stack, value.astype(stack.dtype), layer, 0)
 
 
 def _their_shapes(rule, config, flat_shapes, per_layer):
