@@ -288,3 +288,37 @@ def test_pure_layer_inside_user_jit(target, close_draft):
   ref = jspec.generate(target, [[1, 2, 3], [4]], max_new_tokens=10)
   np.testing.assert_array_equal(new_lengths, 10)
   assert_greedy_match(target, [[1, 2, 3], [4]], np.asarray(ref.tokens), np.asarray(out)[:, :10])
+
+
+@pytest.mark.parametrize("k", [0, 3, "auto"])
+def test_stream_sends_every_committed_token_in_order(k):
+  """`stream=` hears each round's new tokens; joined, they are the output, which is the same
+  as without streaming."""
+  config = jspec.models.TransformerConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                          num_hidden_layers=1, num_attention_heads=2)
+  model = jspec.models.init(config, seed=0)
+  prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5]]
+  heard = []
+  kw = dict(max_new_tokens=10, eos_id=())
+  if k == 0:
+    out = jspec.generate(model, prompts, stream=heard.append, **kw)
+    plain = jspec.generate(model, prompts, **kw)
+  else:
+    kw.update(num_draft_tokens=k)
+    out = jspec.speculative_generate(model, jspec.NGram(32), prompts, stream=heard.append, **kw)
+    plain = jspec.speculative_generate(model, jspec.NGram(32), prompts, **kw)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(plain.tokens))
+  assert len(heard) >= 1 and all(len(rows) == 2 for rows in heard)
+  for b in range(2):
+    joined = [t for rows in heard for t in rows[b]]
+    assert joined == np.asarray(out.tokens)[b, :int(out.lengths[b])].tolist()
+  if k == 0:  # one token per row per round
+    assert len(heard) == 10
+
+
+def test_stream_must_be_callable():
+  model = jspec.models.init(jspec.models.TransformerConfig(
+      vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+      num_attention_heads=2), seed=0)
+  with pytest.raises(TypeError, match="stream must be a callable"):
+    jspec.generate(model, [[1, 2]], max_new_tokens=2, stream="yes")
