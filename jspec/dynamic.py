@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec import decode
+from jspec import decode, streaming
 from jspec.drafter import DraftContext
 from jspec.model import Model
 
@@ -343,6 +343,8 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
       counts=sched.counts if lookup is None else lookup[0],
       first=sched.first if lookup is None else lookup[1],
   )
+  if config.stream:  # committed tokens to the host, as the fixed-K loop sends them
+    streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
   return AutoState(new, schedule)
 
 
