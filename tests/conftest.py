@@ -106,12 +106,12 @@ def far_draft():
 SLOW_MODULES = {"test_notebooks", "test_training", "test_hf_parity", "test_bench",
                 "test_bench_real"}
 SLOW_TESTS = {  # every case
-    "test_dynamic.py::test_profiles_of_filtered_sampling_are_their_own",
+    "test_dynamic.py::test_costs_of_filtered_sampling_are_their_own",
+    "test_dynamic.py::test_call_costs_time_a_rounds_calls_together_or_apart",
     "test_dynamic.py::test_sampled_whole_sequences_follow_target",
-    "test_dynamic.py::test_first_auto_call_compiles_one_program",
     "test_dynamic.py::test_evidence_counts_proposed_drafts_only",
     "test_dynamic.py::test_costs_are_cached_on_disk",
-    "test_dynamic.py::test_profile_is_saved_and_used",
+    "test_dynamic.py::test_plain_rounds_score_a_lookups_first_draft",
     "test_dynamic.py::test_probes_after_idle_rounds_back_off",
     "test_dynamic.py::test_sampled_ngram_follows_target_with_plain_round_evidence",
     "test_dynamic.py::test_plain_rounds_evidence_brings_drafting_back",
