@@ -602,6 +602,16 @@ def _jsonable(x):
   return str(x)
 
 
+def batch_table(by_batch: dict, title: str, rate_format: str) -> list[str]:
+  """Lines of a table: per batch size, baseline tokens/s and each variant's speedup."""
+  names = list(next(iter(by_batch.values()))["rows"])
+  lines = [title, f"  {'batch':>5}{'base tok/s':>12}" + "".join(f"{n:>12}" for n in names)]
+  for b, row in by_batch.items():
+    lines.append(f"  {b:>5}{row['baseline_tokens_per_s']:>12{rate_format}}"
+                 + "".join(f"{row['rows'][n]['speedup']:>11.2f}x" for n in names))
+  return lines
+
+
 def summary(report: dict) -> str:
   """The report's headline figures as terminal lines."""
   lines = []
@@ -625,12 +635,7 @@ def summary(report: dict) -> str:
                        f"{r['ideal_speedup']:>7.2f}x{r['measured_over_ideal']:>12.2f}")
   bs = report.get("batch_sweep")
   if bs:
-    names = list(next(iter(bs.values()))["rows"])
-    lines.append("speedup over baseline by batch size (code, greedy)")
-    lines.append(f"  {'batch':>5}{'base tok/s':>12}" + "".join(f"{n:>12}" for n in names))
-    for b, row in bs.items():
-      lines.append(f"  {b:>5}{row['baseline_tokens_per_s']:>12.0f}"
-                   + "".join(f"{row['rows'][n]['speedup']:>11.2f}x" for n in names))
+    lines += batch_table(bs, "speedup over baseline by batch size (code, greedy)", ".0f")
   for task, row in report.get("tasks", {}).items():
     lines.append(f"{task}, batch 1: " + ", ".join(
         f"{n} {r['speedup']:.2f}x (tau {r['tau']:.2f})" for n, r in row["rows"].items()))

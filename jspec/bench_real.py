@@ -672,14 +672,11 @@ def summary(report: dict) -> str:
                       else "no (float differences between verifying K + 1 tokens and 1)"))
   bt = report.get("batch")
   if bt:
-    names = list(next(iter(bt.values()))["rows"])
-    lines.append("jspec by batch size: baseline tokens/s, speedup over it")
-    lines.append(f"  {'batch':>5}{'base tok/s':>12}" + "".join(f"{n:>12}" for n in names))
-    for b, row in bt.items():
-      lines.append(f"  {b:>5}{row['baseline_tokens_per_s']:>12.1f}"
-                   + "".join(f"{row['rows'][n]['speedup']:>11.2f}x" for n in names)
-                   + ("" if all(r["equal_to_baseline"] for r in row["rows"].values())
-                      else "  (some rows differ from baseline)"))
+    lines += bench.batch_table(bt, "jspec by batch size: baseline tokens/s, speedup over it", ".1f")
+    differ = [b for b, row in bt.items()
+              if not all(r["equal_to_baseline"] for r in row["rows"].values())]
+    if differ:
+      lines.append(f"  (at batch {', '.join(map(str, differ))} some rows differ from baseline)")
   fl = report.get("floor")
   if fl:
     for dtype in ("float32", "bfloat16"):

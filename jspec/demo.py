@@ -199,6 +199,11 @@ def real_demo(args, path: str) -> int:
   print(f"tau: tokens per target call; accept: accepted / judged drafts; speedup: baseline "
         f"time / speculative time, sums over prompts of medians of {args.repeats} interleaved "
         f"repeats. Outputs identical: {all_equal}. Total {time.perf_counter() - t_start:.0f} s.")
+  return _verdict(all_equal)
+
+
+def _verdict(all_equal: bool) -> int:
+  """The exit code: 1 (with a message) when a speculative output differed from baseline."""
   if not all_equal:
     print("ERROR: speculative output differs from baseline", file=sys.stderr)
     return 1
@@ -289,10 +294,7 @@ def shipped_demo(args) -> int:
   print(f"medians of {args.repeats} interleaved repeats; ideal = tau * T_step / (T_verify + "
         f"K * T_draft) from in-loop call times. Outputs identical: {all_equal}. "
         f"Total {time.perf_counter() - t_start:.0f} s.")
-  if not all_equal:
-    print("ERROR: speculative output differs from baseline", file=sys.stderr)
-    return 1
-  return 0
+  return _verdict(all_equal)
 
 
 def main(args) -> int:
