@@ -151,11 +151,14 @@ class GatedMLP:
     """Names of the input projections ([L, D, F] each); `w_down` is always there."""
     return ("w_gate", "w_up")
 
-  def __call__(self, h, w):
+  def __call__(self, h, w, dense=None):
+    """`dense(x, w, b)`: `dense_in_major` for [in, out] weights (the default), or
+    `dense_out_major` for the decoding form's [out, in]."""
+    dense = dense or dense_in_major
     act = ACTIVATIONS[self.activation]
-    gate = _dense(h, w["w_gate"], w.get("b_gate"))
-    up = _dense(h, w["w_up"], w.get("b_up"))
-    return _dense(act(gate) * up, w["w_down"], w.get("b_down"))
+    gate = dense(h, w["w_gate"], w.get("b_gate"))
+    up = dense(h, w["w_up"], w.get("b_up"))
+    return dense(act(gate) * up, w["w_down"], w.get("b_down"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +176,11 @@ class DenseMLP:
     """Names of the input projections ([L, D, F] each); `w_down` is always there."""
     return ("w_up",)
 
-  def __call__(self, h, w):
+  def __call__(self, h, w, dense=None):
+    """`dense` as for `GatedMLP`."""
+    dense = dense or dense_in_major
     act = ACTIVATIONS[self.activation]
-    return _dense(act(_dense(h, w["w_up"], w.get("b_up"))), w["w_down"], w.get("b_down"))
+    return dense(act(dense(h, w["w_up"], w.get("b_up"))), w["w_down"], w.get("b_down"))
 
 
 def _check_activation(name):
@@ -183,8 +188,15 @@ def _check_activation(name):
     raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}")
 
 
-def _dense(x, w, b=None):
+def dense_in_major(x, w, b=None):
+  """x [B, T, Din] times w [Din, Dout] (+ b [Dout])."""
   y = jnp.einsum("btd,df->btf", x, w)
+  return y if b is None else y + b[None, None, :]
+
+
+def dense_out_major(x, w, b=None):
+  """x [B, T, Din] times w stored [Dout, Din] (the decoding form, see transformer.unstack)."""
+  y = jnp.einsum("btd,fd->btf", x, w)
   return y if b is None else y + b[None, None, :]
 
 

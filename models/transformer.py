@@ -36,6 +36,16 @@ scan slices each layer's weights out of the stacked arrays on every step, and
 XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
 target, which made a batch-1 step about 1.7x slower.
 
+The decoding form also stores the MLP's matrices output-major, input axis minor
+(w_gate, w_up [F, D], w_down [D, F]); the cut copies each layer once anyway, so
+the transpose rides on that copy. XLA CPU multiplies a few rows by an [out, in]
+matrix markedly faster than by an [in, out] one, and a verify block is a few
+rows: on SmolLM2-135M a 5-token verify took 1.42-1.46x a 1-token step with these
+weights against 1.78-1.81x without, the step itself unchanged (`jspec bench
+--target smollm2 --sections verify`, two alternating runs each). The attention
+projections keep the training layout: written [H, Dh, D], XLA CPU lowered their
+einsum to a loop ten times slower than the matrix product.
+
 Cache: one K buffer [B, Hkv, Dh, S] and one V buffer [B, Hkv, S, Dh] per layer
 ({"k": [L arrays], "v": [L arrays]}): the slot axis minor in K, the head dim
 minor in V, which is how XLA CPU's batched attention matmuls read their right
@@ -203,16 +213,28 @@ def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.flo
 
 
 def unstack(config: TransformerConfig, params: dict) -> dict:
-  """Params with `layers` as a list of L per-layer dicts (the decoding form).
+  """Params with `layers` as a list of L per-layer dicts, matrices output-major (the
+  decoding form; module docstring).
 
   `apply` accepts either form; already-unstacked params come back unchanged.
   """
   if isinstance(params["layers"], list):
     return params
   L = config.num_hidden_layers
+
+  def cut(path, a, i):
+    a = a[i]
+    n = _INPUT_AXES.get(path[-1].key, 0)  # leading input axes, moved minor
+    return a.transpose(tuple(range(n, a.ndim)) + tuple(range(n))) if n else a
+
   out = dict(params)
-  out["layers"] = [jax.tree_util.tree_map(lambda a, i=i: a[i], params["layers"]) for i in range(L)]
+  out["layers"] = [jax.tree_util.tree_map_with_path(lambda p, a, i=i: cut(p, a, i),
+                                                    params["layers"]) for i in range(L)]
   return out
+
+
+# How many leading axes of each per-layer matrix are its input (contracted) axes.
+_INPUT_AXES = {"w_gate": 1, "w_up": 1, "w_down": 1}
 
 
 # ----------------------------------------------------------------------------- forward
@@ -284,8 +306,9 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
   norm = functools.partial(c.norm, eps=c.rms_norm_eps)
 
-  def layer(x, w, layer_cache, window):
-    """One decoder layer; layer_cache {"k", "v"} of this layer or None."""
+  def layer(x, w, layer_cache, window, out_major: bool):
+    """One decoder layer; layer_cache {"k", "v"} of this layer or None; out_major: w
+    in the decoding form (`unstack`)."""
     with jax.named_scope("attention"):
       h = norm(x, w["attn_norm"])
       q = _project(h, w["wq"], w.get("bq"))
@@ -317,7 +340,8 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         out = norm(out, w["post_attn_norm"])
       x = x + out
     with jax.named_scope("mlp"):
-      out = c.mlp(norm(x, w["mlp_norm"]), w)
+      dense = layers.dense_out_major if out_major else layers.dense_in_major
+      out = c.mlp(norm(x, w["mlp_norm"]), w, dense)
       if c.post_norms:
         out = norm(out, w["post_mlp_norm"])
       x = x + out
@@ -328,7 +352,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     # Training and full-sequence passes: one scan, compile time independent of depth.
     def scanned(x, inputs):
       w, window = inputs
-      return layer(x, w, None, window)[0], None
+      return layer(x, w, None, window, False)[0], None
 
     windows = jnp.asarray(c.windows(), jnp.int32)
     x, _ = lax.scan(scanned, x, (params["layers"], windows))
@@ -338,7 +362,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     new_k, new_v = [], []
     for i, window in enumerate(c.windows()):
       layer_cache = None if cache is None else {"k": cache["k"][i], "v": cache["v"][i]}
-      x, layer_cache = layer(x, per_layer[i], layer_cache, window)
+      x, layer_cache = layer(x, per_layer[i], layer_cache, window, True)
       if layer_cache is not None:
         new_k.append(layer_cache["k"])
         new_v.append(layer_cache["v"])
