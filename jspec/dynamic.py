@@ -51,6 +51,7 @@ round. `DraftModel.sync` feeds the missed tokens in fixed-size chunks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -396,19 +397,21 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
 # ----------------------------------------------------------------------------- costs
 
 
-def _loop(fn, calls: int):
-  """`fn(carry, i) -> (carry, out)` run `calls` times in one jitted fori_loop, so
-  dispatch is paid once, as inside the decode loop."""
+def _loop(fn, calls: int, models):
+  """`fn(models, carry, i) -> (carry, out)` run `calls` times in one jitted fori_loop,
+  so dispatch is paid once, as inside the decode loop. The models are arguments of the
+  program, not constants of it: closed over, a 135M model's weights were folded as
+  constants for minutes at compile time."""
 
   @jax.jit
-  def many(carry):
+  def many(models, carry):
     def body(i, c):
       carry, acc = c
-      carry, out = fn(carry, i)
+      carry, out = fn(models, carry, i)
       return carry, acc + jnp.sum(out).astype(jnp.float32)
     return lax.fori_loop(0, calls, body, (carry, jnp.zeros((), jnp.float32)))
 
-  return many
+  return functools.partial(many, models)
 
 
 def _interleaved_times(loops: dict, carries: dict, calls: int, repeats: int) -> dict:
@@ -458,25 +461,27 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
                                        jnp.arange(B, dtype=jnp.int32), config))(target, drafter)
     target, drafter = decode.prepared(target), decode.prepared(drafter)
     for k in ks:
-      def whole_round(state, i, k=k):
+      def whole_round(models, state, i, k=k):
         # Every round starts from the same committed length (moved by i % 2 so the
         # work is not loop-invariant): slots stay in bounds however much is accepted.
         state = dataclasses.replace(state, lengths=lengths + i % 2,
                                     done=jnp.zeros((B,), jnp.bool_))
+        target, drafter = models
         state = decode.decode_round(target, drafter if k else None, state,
                                     dataclasses.replace(config, num_draft_tokens=k))
         return state, state.lengths
 
-      loops[k] = _loop(whole_round, calls)
+      loops[k] = _loop(whole_round, calls, (target, drafter))
       carries[k] = state
     return _interleaved_times(loops, carries, calls, repeats)
   if role == "pair":
     target, drafter = obj
     for k in ks:
-      def pair(carry, i, k=k):
+      def pair(models, carry, i, k=k):
         # A round's two calls without its bookkeeping: K drafts proposed, then the
         # block [last, drafts] verified. The block depends on the drafts, as in a
         # round: independent calls could run side by side, which a round never does.
+        target, drafter = models
         cache, dstate = carry
         context = DraftContext(tokens=buffer, lengths=lengths - i % 2)
         drafts, _, dstate = drafter.propose(dstate, context, k, params, keys)
@@ -486,12 +491,12 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
           logits = sampling.probabilities(logits, params)
         return (cache, dstate), sampling.greedy_tokens(logits)
 
-      loops[k] = _loop(pair, calls)
+      loops[k] = _loop(pair, calls, (target, drafter))
       carries[k] = (target.init_cache(B, S), jax.jit(lambda d: d.init(tokens, lengths, S))(drafter))
     return _interleaved_times(loops, carries, calls, repeats)
   for k in ks:
     if role == "target":
-      def verify(carry, i, k=k):
+      def verify(obj, carry, i, k=k):
         cache, block = carry
         # Tokens that change with i: with a loop-invariant block XLA would hoist the
         # first layer's projections out of the timed loop.
@@ -502,30 +507,30 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         # would let XLA compute only that slice of the LM head.
         return (cache, block), sampling.greedy_tokens(logits)
 
-      loops[k] = _loop(verify, calls)
+      loops[k] = _loop(verify, calls, obj)
       carries[k] = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
       if k == 0:
         # A whole plain round (step, argmax or sampling, commit): what it costs beyond
         # the step is paid by every round, whatever its K.
-        def plain(state, i):
+        def plain(obj, state, i):
           state = decode.decode_round(obj, None, state, decode.DecodeConfig(0, S))
           return state, state.lengths
 
-        loops[ROUND] = _loop(plain, calls)
+        loops[ROUND] = _loop(plain, calls, obj)
         carries[ROUND] = jax.jit(
             lambda m: decode.init_state(m, None, tokens, lengths, jnp.full((B,), S, jnp.int32),
                                         params, jnp.full((1,), -1, jnp.int32),
                                         jnp.arange(B, dtype=jnp.int32),
                                         decode.DecodeConfig(0, S)))(obj)
     elif k > 0:
-      def propose(state, i, k=k):
+      def propose(obj, state, i, k=k):
         # The length moves with i: a stateless drafter's work would otherwise be
         # loop-invariant, and XLA would hoist it out of the timed loop.
         context = DraftContext(tokens=buffer, lengths=lengths - i % 2)
         drafts, _, state = obj.propose(state, context, k, params, keys)
         return state, drafts
 
-      loops[k] = _loop(propose, calls)
+      loops[k] = _loop(propose, calls, obj)
       carries[k] = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
   out = _interleaved_times(loops, carries, calls, repeats)
   return {k: out.get(k, 0.0) for k in list(ks) + ([ROUND] if ROUND in out else [])}
