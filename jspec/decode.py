@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jspec import acceptance, sampling, sharding, streaming
+from jspec import acceptance, prefill, sampling, sharding, streaming
 from jspec import tree as tree_lib
 from jspec.drafter import DraftContext
 from jspec.model import Model
@@ -131,7 +131,8 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   hidden = None
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
     with jax.named_scope("target_prefill"):
-      _, hidden, cache = target.apply(tokens[:, :-1], cache, jnp.zeros((B,), jnp.int32))
+      cache, hidden = prefill.prefill(target, tokens, prompt_lengths, cache,
+                                      hidden=uses_features(drafter))
   features = feature_start = None
   if drafter is None:
     drafter_state = None

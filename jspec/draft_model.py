@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec import sampling
+from jspec import prefill, sampling
 from jspec.drafter import DraftContext
 from jspec.model import Model
 from jspec.tree import top_ranked
@@ -60,7 +60,7 @@ class DraftModel:
     cache = self.model.init_cache(B, cache_length)
     if P > 1:  # prefill t_0..t_{P-2}; rows with shorter prompts overwrite the excess later
       with jax.named_scope("draft_prefill"):
-        _, _, cache = self.model.apply(tokens[:, :-1], cache, jnp.zeros((B,), jnp.int32))
+        cache, _ = prefill.prefill(self.model, tokens, prompt_lengths, cache)
     return cache
 
   def propose(self, cache, context: DraftContext, num_drafts: int,

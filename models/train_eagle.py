@@ -264,13 +264,6 @@ def engine_acceptance(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCE
   return result
 
 
-def engine_supports_features() -> bool:
-  """Whether `jspec`'s decode loop passes target features to drafters (DraftContext has them)."""
-  from jspec.drafter import DraftContext
-  names = {f.name for f in dataclasses.fields(DraftContext)}
-  return {"features", "feature_start"} <= names
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -483,16 +476,10 @@ def main(argv=None) -> int:
   t_eval = time.perf_counter()
   held_metrics = evaluate(eagle, target, heldout_windows)
   replay = replay_greedy(target, eagle, prompts)
-  engine = None
-  if engine_supports_features():
-    from jspec.tree import Tree
+  from jspec.tree import Tree
 
-    engine = {}
-    for name, tree in (("chain", None), ("tree", Tree.from_paths(TREE_PATHS))):
-      try:
-        engine[name] = engine_acceptance(target, eagle, prompts, tree=tree)
-      except Exception as e:  # noqa: BLE001 (recorded in the manifest, not fatal to the run)
-        engine[name] = {"error": f"{type(e).__name__}: {e}"}
+  engine = {name: engine_acceptance(target, eagle, prompts, tree=tree)
+            for name, tree in (("chain", None), ("tree", Tree.from_paths(TREE_PATHS)))}
   eval_seconds = time.perf_counter() - t_eval
   manifest = {
       "name": os.path.basename(out),
@@ -516,8 +503,7 @@ def main(argv=None) -> int:
                   "feature_loss_metric": "mean smooth-L1 (beta 1) per feature element",
                   "top1_metric": "argmax LM_head(f^_j) == argmax target logits_j, teacher forced"},
       "acceptance_vs_target": replay,
-      "engine_acceptance": engine if engine is not None else
-      "not measured: this jspec's decode loop does not pass target features to drafters",
+      "engine_acceptance": engine,
       "history": result.history,
       "corpus": corpus_info,
   }

@@ -199,15 +199,6 @@ def test_hub_id_without_huggingface_hub(monkeypatch, tmp_path):
 
 # ----------------------------------------------------------------------------- Hugging Face
 
-try:
-  from jspec.models import hf
-except ImportError:
-  hf = None
-needs_hf = pytest.mark.skipif(not (hasattr(hf, "load_hf") and hasattr(hf, "export_hf")),
-                              reason="models/hf.py with load_hf/export_hf is not there yet")
-
-
-@needs_hf
 def test_cli_export_hf_then_convert(saved, tmp_path, capsys):
   model, native = saved
   assert cli.main(["export-hf", str(native), str(tmp_path / "hf")]) == 0
@@ -233,7 +224,6 @@ def test_cli_export_hf_then_convert(saved, tmp_path, capsys):
   assert "bfloat16" in capsys.readouterr().out
 
 
-@needs_hf
 def test_hub_id_downloads_and_loads(saved, tmp_path, monkeypatch):
   """A Hub id goes through snapshot_download (faked: no network in tests)."""
   import types

@@ -411,15 +411,6 @@ def test_bad_inputs(eagle, target, tmp_path):
                   head_dim=4, intermediate_size=8)
 
 
-def _engine_ready():
-  try:
-    import jspec.tree  # noqa: F401
-  except ImportError:
-    return False
-  return TE.engine_supports_features()
-
-
-@pytest.mark.skipif(not _engine_ready(), reason="the decode loop does not pass target features yet")
 def test_greedy_equality_through_the_decode_loop(target, eagle):
   """Chains and trees: greedy output equals the target's own. With a vocabulary of 48
   the head's drafts are sometimes right, so rounds accept drafts and the loop's
