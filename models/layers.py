@@ -156,8 +156,11 @@ class GatedMLP:
     `dense_out_major` for the decoding form's [out, in]."""
     dense = dense or dense_in_major
     act = ACTIVATIONS[self.activation]
-    gate = dense(h, w["w_gate"], w.get("b_gate"))
-    up = dense(h, w["w_up"], w.get("b_up"))
+    if "w_gate_up" in w:  # the decoding form: one product, then split (transformer.unstack)
+      gate, up = jnp.split(dense(h, w["w_gate_up"], w.get("b_gate_up")), 2, axis=-1)
+    else:
+      gate = dense(h, w["w_gate"], w.get("b_gate"))
+      up = dense(h, w["w_up"], w.get("b_up"))
     return dense(act(gate) * up, w["w_down"], w.get("b_down"))
 
 

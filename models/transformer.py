@@ -37,14 +37,20 @@ XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
 target, which made a batch-1 step about 1.7x slower.
 
 The decoding form also stores the MLP's matrices output-major, input axis minor
-(w_gate, w_up [F, D], w_down [D, F]); the cut copies each layer once anyway, so
-the transpose rides on that copy. XLA CPU multiplies a few rows by an [out, in]
-matrix markedly faster than by an [in, out] one, and a verify block is a few
-rows: on SmolLM2-135M a 5-token verify took 1.42-1.46x a 1-token step with these
-weights against 1.78-1.81x without, the step itself unchanged (`jspec bench
---target smollm2 --sections verify`, two alternating runs each). The attention
-projections keep the training layout: written [H, Dh, D], XLA CPU lowered their
-einsum to a loop ten times slower than the matrix product.
+(w_down [D, F]; gate and up fused as w_gate_up [2F, D]), and q, k, v fused as one
+wqkv [D, (H + 2 Hkv) Dh] (biases likewise); the cut copies each layer once anyway,
+so transposes and concatenations ride on that copy. Both help XLA CPU at the
+shapes decoding runs:
+  * a few rows times an [out, in] matrix run markedly faster than times an
+    [in, out] one, and a verify block is a few rows: on SmolLM2-135M a 5-token
+    verify took 1.42-1.46x a 1-token step with output-major MLP weights against
+    1.78-1.81x without (`jspec bench --target smollm2 --sections verify`, two
+    alternating runs each);
+  * one product where there were three (q, k, v) or two (gate, up): on
+    SmolLM2-135M's shapes, 30 layers at one row took 16-18 ms fused against
+    25-26 ms apart (two interleaved runs, medians of 20 calls).
+Written [H, Dh, D], the attention projections made XLA CPU emit a loop ten times
+slower than the matrix product, so wqkv keeps the input axis major.
 
 Cache: one K buffer [B, Hkv, Dh, S] and one V buffer [B, Hkv, S, Dh] per layer
 ({"k": [L arrays], "v": [L arrays]}): the slot axis minor in K, the head dim
@@ -227,14 +233,42 @@ def unstack(config: TransformerConfig, params: dict) -> dict:
     n = _INPUT_AXES.get(path[-1].key, 0)  # leading input axes, moved minor
     return a.transpose(tuple(range(n, a.ndim)) + tuple(range(n))) if n else a
 
+  def fuse(w):
+    """q, k, v as one [D, (H + 2 Hkv) Dh] matrix; gate and up as one [2F, D]."""
+    w = dict(w)
+    D = w["wq"].shape[0]
+    w["wqkv"] = jnp.concatenate([w.pop(n).reshape(D, -1) for n in ("wq", "wk", "wv")], axis=1)
+    if "bq" in w:
+      w["bqkv"] = jnp.concatenate([w.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
+    if "w_gate" in w:
+      w["w_gate_up"] = jnp.concatenate([w.pop("w_gate"), w.pop("w_up")], axis=0)
+      if "b_gate" in w:
+        w["b_gate_up"] = jnp.concatenate([w.pop("b_gate"), w.pop("b_up")])
+    return w
+
   out = dict(params)
-  out["layers"] = [jax.tree_util.tree_map_with_path(lambda p, a, i=i: cut(p, a, i),
-                                                    params["layers"]) for i in range(L)]
+  out["layers"] = [fuse(jax.tree_util.tree_map_with_path(lambda p, a, i=i: cut(p, a, i),
+                                                         params["layers"])) for i in range(L)]
   return out
 
 
 # How many leading axes of each per-layer matrix are its input (contracted) axes.
 _INPUT_AXES = {"w_gate": 1, "w_up": 1, "w_down": 1}
+
+
+def _qkv(h, w, c):
+  """q [B, T, H, Dh], k, v [B, T, Hkv, Dh]: three projections (training form) or one
+  product with the fused matrix (decoding form)."""
+  if "wqkv" not in w:
+    return (_project(h, w["wq"], w.get("bq")), _project(h, w["wk"], w.get("bk")),
+            _project(h, w["wv"], w.get("bv")))
+  y = jnp.einsum("btd,dn->btn", h, w["wqkv"])  # [B, T, (H + 2 Hkv) Dh]
+  if "bqkv" in w:
+    y = y + w["bqkv"][None, None, :]
+  H, Hkv, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+  q, k, v = jnp.split(y, [H * Dh, (H + Hkv) * Dh], axis=-1)
+  B, T = h.shape[:2]
+  return q.reshape(B, T, H, Dh), k.reshape(B, T, Hkv, Dh), v.reshape(B, T, Hkv, Dh)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -311,9 +345,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     in the decoding form (`unstack`)."""
     with jax.named_scope("attention"):
       h = norm(x, w["attn_norm"])
-      q = _project(h, w["wq"], w.get("bq"))
-      k = _project(h, w["wk"], w.get("bk"))
-      v = _project(h, w["wv"], w.get("bv"))
+      q, k, v = _qkv(h, w, c)
       if c.qk_norm:
         q, k = norm(q, w["q_norm"]), norm(k, w["k_norm"])
       if rotary is not None:
