@@ -43,6 +43,10 @@ def prefill(model: Model, tokens, prompt_lengths, cache, hidden: bool = False):
   """
   B, P = tokens.shape
   n = P - 1  # slots to fill
+  small = _prompt_sized(model, cache, B, n)
+  if small is not None:  # attend over the prompt's n slots, not the whole cache's S
+    small, h = prefill(model, tokens, prompt_lengths, small, hidden)
+    return _merged(cache, small), h
   C = min(CHUNK, n)
   if C == n:  # one call covers it (static)
     _, h, cache = model.apply(tokens[:, :n], cache, jnp.zeros((B,), jnp.int32))
@@ -68,3 +72,40 @@ def prefill(model: Model, tokens, prompt_lengths, cache, hidden: bool = False):
   _, cache, h_all = lax.while_loop(lambda c: c[0] < needed, chunk,
                                    (jnp.zeros((), jnp.int32), cache, h_all))
   return cache, h_all
+
+
+def _prompt_sized(model: Model, cache, B: int, n: int):
+  """A fresh cache of n slots shaped like `cache` of S > n slots, or None.
+
+  A prefill chunk's attention reads every slot of the cache it is given, though none
+  past the prompt is visible to it: on SmolLM2 a 64-token chunk cost 1.25x as much
+  against 384 slots as against 128. So the prompt goes into a cache of its own size,
+  copied into the big one after. None (prefill the big cache itself) when S == n or
+  when the two caches differ other than by one axis per buffer, the slot axis, so
+  the copy is certain to land where a direct prefill would have written.
+  """
+  leaves = jax.tree_util.tree_leaves(cache)
+  dtype = leaves[0].dtype if leaves else None
+  small = jax.eval_shape(lambda: model.init_cache(B, n, dtype))
+  if jax.tree_util.tree_structure(small) != jax.tree_util.tree_structure(cache):
+    return None
+  differing = 0
+  for a, b in zip(jax.tree_util.tree_leaves(small), leaves):
+    if a.ndim != b.ndim or a.dtype != b.dtype:
+      return None
+    axes = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+    if len(axes) > 1 or (axes and (a.shape[axes[0]], b.shape[axes[0]]) != (n, b.shape[axes[0]])):
+      return None
+    differing += len(axes)
+  if differing == 0:
+    return None
+  return model.init_cache(B, n, dtype)
+
+
+def _merged(cache, small):
+  """`cache` with `small` (same buffers, n <= S slots) written over its first n slots."""
+  def put(big, part):
+    if big.shape == part.shape:
+      return part
+    return lax.dynamic_update_slice(big, part.astype(big.dtype), (0,) * big.ndim)
+  return jax.tree_util.tree_map(put, cache, small)

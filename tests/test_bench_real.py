@@ -150,7 +150,11 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
   assert fl["float32"]["weight_bytes"] == 2 * fl["bfloat16"]["weight_bytes"] == sum(
       x.nbytes for x in __import__("jax").tree_util.tree_leaves(target.params))
   for f in (fl["float32"], fl["bfloat16"]):
-    assert f["bandwidth_gb_s"] > 0 and f["floor_ms"] > 0 and f["baseline_ms_per_token"] > 0
+    assert f["bandwidth_gb_s"] > 0 and f["floor_ms"] > 0
+    # A steady-state step is the difference of two timed calls: at this size it is
+    # noise and may come out negative, so only its definition is checked here.
+    assert math.isfinite(f["baseline_ms_per_token"])
+    assert f["baseline_over_floor"] == pytest.approx(f["baseline_ms_per_token"] / f["floor_ms"])
   vf = report["verify"]
   assert vf["verify_tokens"] == 3
   assert vf["in_loop"]["ratio"] > 0 and vf["single_calls"]["ratio"] > 0
