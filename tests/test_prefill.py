@@ -29,14 +29,16 @@ def chunk(monkeypatch):
   jax.clear_caches()
 
 
+@pytest.mark.parametrize("slack", [0, 9])
 @pytest.mark.parametrize("lengths", [(15, 3, 9), (5, 2, 1), (16, 16, 16)])
-def test_chunks_leave_the_cache_of_one_call(target, chunk, lengths):
+def test_chunks_leave_the_cache_of_one_call(target, chunk, lengths, slack):
   P = 16
   rng = np.random.default_rng(sum(lengths))
   prompts = [rng.integers(0, target.vocab_size, n).tolist() for n in lengths]
   tokens, L = _padded(prompts, P)
-  # A cache of exactly P - 1 slots: a chunk written past slot P - 2 could not fit.
-  cache0 = target.init_cache(len(prompts), P - 1)
+  # slack 0: a cache of exactly P - 1 slots, so a chunk written past slot P - 2 could not
+  # fit. slack 9: the prompt goes into a cache of its own size, copied into this one.
+  cache0 = target.init_cache(len(prompts), P - 1 + slack)
   one = jax.jit(lambda c: target.apply(tokens[:, :-1], c, jnp.zeros((3,), jnp.int32)))(cache0)
   chunked, hidden = jax.jit(lambda c: prefill.prefill(target, tokens, L, c, hidden=True))(cache0)
   for name in ("k", "v"):
@@ -50,6 +52,24 @@ def test_chunks_leave_the_cache_of_one_call(target, chunk, lengths):
   for row, n in enumerate(lengths):
     np.testing.assert_allclose(np.asarray(hidden[row, :n - 1]), np.asarray(one[1][row, :n - 1]),
                                rtol=1e-5, atol=1e-5)
+  for name, slot_axis in (("k", 3), ("v", 2)):  # the full size back, nothing past P - 2
+    for buf in chunked[name]:
+      assert buf.shape[slot_axis] == P - 1 + slack
+      assert not np.any(np.asarray(jnp.take(buf, jnp.arange(P - 1, P - 1 + slack), axis=slot_axis)))
+
+
+def test_decoding_form_is_built_once_per_model(target):
+  assert target.prepare_fn is not None  # the reference decoder has a decoding form
+  form = target.decoding_form()
+  assert isinstance(form.params["layers"], list)
+  assert form.prepare_fn is None and form.prepared() is form
+  assert target.decoding_form() is form  # kept with the model
+  in_program = jax.jit(lambda m: m.prepared().params)(target)
+  assert jax.tree_util.tree_structure(form.params) == jax.tree_util.tree_structure(in_program)
+  for a, b in zip(jax.tree_util.tree_leaves(form.params), jax.tree_util.tree_leaves(in_program)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  other = jax.tree_util.tree_map(lambda x: x + 0, target)  # new arrays: a new form
+  assert other.decoding_form() is not form
 
 
 def test_only_chunks_with_real_tokens_run(target, chunk):
