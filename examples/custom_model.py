@@ -156,9 +156,16 @@ def apply(config: TinyConfig, params: dict, tokens, cache, start, block_mask=Non
   return logits, hidden, cache
 
 
+def output_head(config: TinyConfig, params: dict) -> jspec.OutputHead:
+  """Optional: the token embedding and LM head, for drafters that share them with the
+  target (Medusa heads score through the LM head; EAGLE reads both)."""
+  return jspec.OutputHead(embed=params["embed"], lm_head=params["unembed"])
+
+
 def make_model(config: TinyConfig, params: dict) -> jspec.Model:
-  """Params are the pytree leaves; config and the two functions are static."""
-  return jspec.Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache)
+  """Params are the pytree leaves; config and the functions are static."""
+  return jspec.Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
+                     head_fn=output_head)
 
 
 # ----------------------------------------------------------------------------- Flax Linen
@@ -214,7 +221,13 @@ def make_linen_model(module: LinenLM, seed: int = 0) -> jspec.Model:
   # One compiled init instead of many small eager ops.
   variables = jax.jit(module.init)(jax.random.key(seed), tokens, None,
                                    jnp.zeros((1,), jnp.int32))
-  return jspec.linen.from_linen(module, variables)
+  return jspec.linen.from_linen(module, variables, head=linen_head)
+
+
+def linen_head(variables) -> jspec.OutputHead:
+  """`LinenLM`'s embedding and LM head, read from its variables (Dense kernels are [D, V])."""
+  p = variables["params"]
+  return jspec.OutputHead(embed=p["embed"]["embedding"], lm_head=p["unembed"]["kernel"])
 
 
 # ----------------------------------------------------------------------------- the check

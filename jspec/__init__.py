@@ -14,7 +14,7 @@ from jspec.drafter import DraftContext, Drafter
 from jspec.api import GenerateOutput, generate, speculative_generate
 from jspec.checkpoint import load, save
 from jspec.datastore import Datastore
-from jspec.model import Model
+from jspec.model import Model, OutputHead
 from jspec.ngram import NGram
 from jspec.sampling import SamplingParams
 from jspec.text import generate_text
@@ -43,6 +43,7 @@ __all__ = [
     "Medusa",
     "Model",
     "NGram",
+    "OutputHead",
     "SamplingParams",
     "Tokenizer",
     "Tree",

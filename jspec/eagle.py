@@ -49,7 +49,7 @@ from jspec import sampling
 from jspec.checkpoint import read_format_file
 from jspec.model import Model
 from jspec.tree import top_ranked
-from jspec.models import layers
+from jspec import nn as layers
 
 FORMAT = "jspec-eagle"
 FORMAT_VERSION = 1
@@ -88,13 +88,16 @@ class EagleConfig:
 
   @classmethod
   def for_target(cls, target_config, **overrides) -> "EagleConfig":
-    """The head config that copies one layer of a `TransformerConfig` target."""
-    c = _transformer_config(target_config)
-    fields = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-                  num_attention_heads=c.num_attention_heads,
-                  num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                  intermediate_size=c.intermediate_size, rms_norm_eps=c.rms_norm_eps,
-                  rope_theta=c.rope_theta, initializer_range=c.initializer_range)
+    """The head config that copies one layer of the target: its config's fields of the
+    same names (a `jspec.models.TransformerConfig` has them all), `overrides` first.
+    A target config without some of them needs them in `overrides`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in overrides and not hasattr(target_config, n)]
+    if missing:
+      raise TypeError(f"EagleConfig.for_target: the target's config "
+                      f"({type(target_config).__name__}) has no {missing}; pass them as "
+                      f"keyword overrides or build an EagleConfig directly")
+    fields = {n: getattr(target_config, n) for n in names if n not in overrides}
     fields.update(overrides)
     return cls(**fields)
 
@@ -170,24 +173,13 @@ def check_params(params: Any, config: EagleConfig, where: str = "head params") -
                        f"{config.intermediate_size}) gives {shape}")
 
 
-def _transformer_config(config):
-  from jspec.models.transformer import TransformerConfig
-
-  if not isinstance(config, TransformerConfig):
-    raise TypeError(f"EAGLE needs a target whose config is a jspec.models.TransformerConfig "
-                    f"(to find its LM head and embedding), got {type(config).__name__}")
-  return config
-
-
 def target_head(target: Model) -> tuple[jax.Array, jax.Array | None]:
-  """The target's token embedding [V, D] and untied LM head [D, V] (None when tied)."""
+  """The target's token embedding [V, D] and untied LM head [D, V] (None when tied),
+  through the model contract's optional `head_fn`."""
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
-  c = _transformer_config(target.config)
-  params = target.params
-  embed = params["embed"]
-  lm_head = None if c.tie_word_embeddings else params["lm_head"]
-  return embed, lm_head
+  head = target.head()
+  return head.embed, head.lm_head
 
 
 # ----------------------------------------------------------------------------- the head
@@ -218,17 +210,19 @@ class Eagle:
 
     config: the head's `EagleConfig`; None derives it from the target (one of its layers).
     """
-    embed, lm_head = target_head(target)
-    c = target.config
+    if not isinstance(target, Model):
+      raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+    head = target.head()
     if config is None:
-      config = EagleConfig.for_target(c)
-    if config.hidden_size != c.hidden_size or config.vocab_size != c.vocab_size:
+      config = EagleConfig.for_target(target.config)
+    V, D = head.embed.shape
+    if config.hidden_size != D or config.vocab_size != V:
       raise ValueError(f"EAGLE head (hidden {config.hidden_size}, vocab {config.vocab_size}) does "
-                       f"not fit the target (hidden {c.hidden_size}, vocab {c.vocab_size})")
+                       f"not fit the target (hidden {D}, vocab {V})")
     check_params(head_params, config)
-    return cls(params=head_params, embed=embed, lm_head=lm_head, config=config,
-               embedding_multiplier=float(c.embedding_multiplier),
-               final_logit_softcapping=c.final_logit_softcapping)
+    return cls(params=head_params, embed=head.embed, lm_head=head.lm_head, config=config,
+               embedding_multiplier=head.embedding_multiplier,
+               final_logit_softcapping=head.final_logit_softcapping)
 
   @property
   def vocab_size(self) -> int:
@@ -589,12 +583,12 @@ def load_eagle(path, target: Model, dtype="float32") -> Eagle:
 
   config, _ = read_config(path)
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  target_head(target)  # a clear error for targets of other architectures
-  tc = target.config
-  if config.hidden_size != tc.hidden_size or config.vocab_size != tc.vocab_size:
+  embed, _ = target_head(target)  # a clear error for a target without an output head
+  V, D = embed.shape
+  if config.hidden_size != D or config.vocab_size != V:
     raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
-                     f"vocab {config.vocab_size}; the target has hidden size {tc.hidden_size} "
-                     f"and vocab {tc.vocab_size}")
+                     f"vocab {config.vocab_size}; the target has hidden size {D} "
+                     f"and vocab {V}")
   params_dir = os.path.join(path, PARAMS_DIR)
   stored = stored_tensors(params_dir)
   shapes = param_shapes(config)

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jspec.model import Model
+from jspec.model import Model, OutputHead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,8 @@ class LinenConfig:
   vocab_size: int
   init_cache: Callable[[int, int, Any], Any]
   max_position_embeddings: int | None = None
+  # variables -> jspec.OutputHead (embedding and output head, for Medusa and EAGLE); None: none
+  head: Callable[[Any], OutputHead] | None = None
 
 
 def _apply(config: LinenConfig, params, tokens, cache, start, block_mask=None, depth=None):
@@ -57,6 +59,11 @@ def _apply(config: LinenConfig, params, tokens, cache, start, block_mask=None, d
   return logits.astype(jnp.float32), hidden, cache
 
 
+def _head(config: LinenConfig, params) -> OutputHead:
+  """The model contract's optional head, from the function given to `from_linen`."""
+  return config.head(params)
+
+
 def _init_cache(config: LinenConfig, batch: int, length: int, dtype=jnp.float32):
   """The module's zeroed cache for `batch` rows of `length` slots."""
   return config.init_cache(batch, length, dtype)
@@ -64,7 +71,8 @@ def _init_cache(config: LinenConfig, batch: int, length: int, dtype=jnp.float32)
 
 def from_linen(module: nn.Module, variables, *, init_cache: Callable | None = None,
                vocab_size: int | None = None, max_length: int | None = None,
-               eos_ids=(), axes_fn=None) -> Model:
+               eos_ids=(), axes_fn=None, head: Callable[[Any], OutputHead] | None = None,
+               ) -> Model:
   """Wrap a contract-following Linen module and its variables as a `jspec.Model`.
 
   Args:
@@ -77,6 +85,8 @@ def from_linen(module: nn.Module, variables, *, init_cache: Callable | None = No
       `module.max_position_embeddings` when it has one.
     eos_ids: default stop ids.
     axes_fn: optional `config -> (param axes, cache axes)` for sharding.
+    head: optional `variables -> jspec.OutputHead`, the token embedding and output
+      head, for drafters that share them with the target (Medusa, EAGLE).
   """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
@@ -94,6 +104,8 @@ def from_linen(module: nn.Module, variables, *, init_cache: Callable | None = No
   if max_length is None:
     max_length = getattr(module, "max_position_embeddings", None)
   config = LinenConfig(module=module, vocab_size=int(vocab_size), init_cache=init_cache,
-                       max_position_embeddings=None if max_length is None else int(max_length))
+                       max_position_embeddings=None if max_length is None else int(max_length),
+                       head=head)
   return Model(params=variables, config=config, apply_fn=_apply, init_cache_fn=_init_cache,
-               eos_ids=tuple(int(i) for i in eos_ids), axes_fn=axes_fn)
+               eos_ids=tuple(int(i) for i in eos_ids), axes_fn=axes_fn,
+               head_fn=None if head is None else _head)

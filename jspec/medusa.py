@@ -97,29 +97,23 @@ def check_heads(heads: Any, hidden_size: int | None = None) -> tuple[int, int]:
 
 
 def lm_head_of(target: Model) -> tuple[jax.Array, bool, float | None]:
-  """The target's LM head as (weights, tied, softcap).
+  """The target's LM head as (weights, tied, softcap), through the model contract's
+  optional `head_fn`.
 
   weights is the embedding table [V, D] when the target ties embeddings (used as
   stored: contracting against its transpose made XLA CPU copy the whole table per
-  call), else params["lm_head"] [D, V]; softcap is `final_logit_softcapping`.
-  Only `jspec.models.TransformerConfig` targets are supported.
+  call), else the LM head [D, V]; softcap is the output logits' soft cap.
   """
-  from jspec.models.transformer import TransformerConfig
-
   if not isinstance(target, Model):
     raise TypeError(f"Medusa needs a jspec.Model target, got {type(target).__name__}")
-  config = target.config
-  if not isinstance(config, TransformerConfig):
-    raise ValueError(f"Medusa heads need the target's LM head, which jspec can read only from "
-                     f"TransformerConfig models; this target's config is "
-                     f"{type(config).__name__}")
-  params = target.params
-  if config.tie_word_embeddings:
-    weights = params["embed"]  # [V, D]
-  else:
-    weights = params["lm_head"]  # [D, V]
-  softcap = config.final_logit_softcapping
-  return weights, bool(config.tie_word_embeddings), (float(softcap) if softcap else None)
+  head = target.head()
+  tied = head.lm_head is None
+  return (head.embed if tied else head.lm_head), tied, head.final_logit_softcapping
+
+
+def _hidden_size(weights, tied: bool) -> int:
+  """D of an LM head as `lm_head_of` returns it: embed [V, D] when tied, else [D, V]."""
+  return int(weights.shape[1] if tied else weights.shape[0])
 
 
 def head_hidden(heads: dict, h: jax.Array, num: int | None = None) -> jax.Array:
@@ -155,10 +149,10 @@ class Medusa:
 
   @classmethod
   def from_target(cls, target: Model, heads: dict) -> "Medusa":
-    """The drafter for `target` (a `jspec.Model` of `TransformerConfig`) with `heads`
+    """The drafter for `target` (a `jspec.Model` with a `head_fn`) with `heads`
     ({"w": [K, D, D], "b": [K, D]}, e.g. from `init_heads` or training)."""
     weights, tied, softcap = lm_head_of(target)
-    K, _ = check_heads(heads, target.config.hidden_size)
+    K, _ = check_heads(heads, _hidden_size(weights, tied))
     return cls(heads=dict(heads), lm_head=weights, num_heads=K, tied=tied, softcap=softcap)
 
   @property
@@ -366,11 +360,11 @@ def load_medusa(path, target: Model, dtype="float32") -> Medusa:
   """The `Medusa` drafter for `target` from heads saved by `save_medusa` (arrays cast to
   `dtype`, f32 by default). The target must have the heads' hidden size and vocabulary."""
   config = read_medusa_config(path)
-  lm_head_of(target)  # a clear error for unsupported targets, before reading arrays
+  D = _hidden_size(*lm_head_of(target)[:2])  # a clear error for targets without a head
   where = os.fspath(path)
-  if config["hidden_size"] != target.config.hidden_size:
+  if config["hidden_size"] != D:
     raise ValueError(f"Medusa heads in {where} were trained for hidden size "
-                     f"{config['hidden_size']}, but the target's is {target.config.hidden_size}")
+                     f"{config['hidden_size']}, but the target's is {D}")
   if config["vocab_size"] != target.vocab_size:
     raise ValueError(f"Medusa heads in {where} were trained for vocabulary size "
                      f"{config['vocab_size']}, but the target's is {target.vocab_size}")

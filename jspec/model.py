@@ -16,6 +16,9 @@ the model contract (see docs/architecture.md):
 
     cache = init_cache(config, batch, length, dtype)
 
+Optionally, `head(config, params) -> OutputHead` gives the token embedding and
+output head, for drafters that share them with the target (Medusa, EAGLE).
+
 Optionally, `prepare(config, params) -> params` gives the params in the form
 `apply` decodes fastest from (e.g. per-layer arrays cut from stacked ones). The
 decoding loops call it once per program, before the loop, so its cost is paid
@@ -36,6 +39,23 @@ import numpy as np
 
 ApplyFn = Callable[..., tuple[jax.Array, jax.Array, Any]]
 InitCacheFn = Callable[[Any, int, int, Any], Any]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class OutputHead:
+  """A model's token embedding and output head, as drafters that share them read them.
+
+  logits(h) = softcap(h @ lm_head), lm_head = embed.T when tied (`lm_head` None);
+  an input embedding is embed[t] * embedding_multiplier.
+  """
+
+  embed: jax.Array  # [V, D]
+  lm_head: jax.Array | None  # [D, V]; None: tied to embed
+  embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
+  # tanh(logits / c) * c on the output logits (Gemma 2); None: none
+  final_logit_softcapping: float | None = dataclasses.field(default=None,
+                                                            metadata=dict(static=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +79,9 @@ class Model:
   # prepare_fn(config, params) -> params in the form apply decodes fastest from;
   # None: params are used as they are.
   prepare_fn: Callable[[Any, Any], Any] | None = None
+  # head_fn(config, params) -> OutputHead: the embedding and output head drafters
+  # share with the target (Medusa, EAGLE); None: the model does not expose them.
+  head_fn: Callable[[Any, Any], OutputHead] | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -78,6 +101,14 @@ class Model:
       if jnp.issubdtype(leaf.dtype, jnp.floating):
         return leaf.dtype
     return jnp.dtype(jnp.float32)
+
+  def head(self) -> OutputHead:
+    """The token embedding and output head (`head_fn`), for drafters that share them."""
+    if self.head_fn is None:
+      raise TypeError("this jspec.Model has no head_fn: drafters that share the target's "
+                      "embedding and output head (Medusa, EAGLE) need one; give the Model a "
+                      "head_fn(config, params) -> jspec.OutputHead")
+    return self.head_fn(self.config, self.params)
 
   def apply(self, tokens, cache, start, block_mask=None, depth=None):
     """The model contract bound to this model's config and params."""
@@ -162,7 +193,7 @@ def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 def _flatten(model: Model):
   return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids,
-                           model.axes_fn, model.prepare_fn)
+                           model.axes_fn, model.prepare_fn, model.head_fn)
 
 
 def _flatten_with_keys(model: Model):
@@ -170,10 +201,10 @@ def _flatten_with_keys(model: Model):
 
 
 def _unflatten(aux, children):
-  config, apply_fn, init_cache_fn, eos_ids, axes_fn, prepare_fn = aux
+  config, apply_fn, init_cache_fn, eos_ids, axes_fn, prepare_fn, head_fn = aux
   return Model(params=children[0], config=config, apply_fn=apply_fn,
                init_cache_fn=init_cache_fn, eos_ids=eos_ids, axes_fn=axes_fn,
-               prepare_fn=prepare_fn)
+               prepare_fn=prepare_fn, head_fn=head_fn)
 
 
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)

@@ -1,10 +1,11 @@
 """jspec's model zoo: architectures that implement the model contract.
 
-Installed as `jspec.models`. The engine (`jspec`) never imports from here;
-these modules produce `jspec.Model` objects the engine consumes.
+Installed as `jspec.models`. The engine and the drafters never import from here
+(`tests/test_layering.py`); these modules produce `jspec.Model` objects the engine
+consumes, built from the blocks in `jspec.nn`.
 """
 
-from jspec.models.layers import (
+from jspec.nn import (
     DenseMLP,
     GatedMLP,
     LayerNorm,

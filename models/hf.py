@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.models.layers import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
+from jspec.nn import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
                                  Llama3Scaling, RMSNorm, Rotary)
 from jspec.models.transformer import (FULL, SLIDING, TransformerConfig, init_params,
                                       logical_axes, make_model)

@@ -2,7 +2,7 @@
 
 Default options give Llama (RMSNorm, rotary embeddings with configurable theta,
 grouped-query attention, SwiGLU MLP, tied or untied embeddings). Small option
-types (`models/layers.py`) and a few fields that mirror Hugging Face config fields
+types (`jspec/nn.py`) and a few fields that mirror Hugging Face config fields
 cover Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Gemma (GeGLU, (1 + w) norms,
 scaled embeddings), Gemma 2 (soft-capping, sliding-window layers, post norms) and
 GPT-2 (learned positions, LayerNorm, GELU MLP, biases). The config speaks Hugging
@@ -82,9 +82,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from jspec.model import Model
-from jspec.models import layers
-from jspec.models.layers import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
+from jspec.model import Model, OutputHead
+from jspec import nn as layers
+from jspec.nn import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -484,13 +484,23 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
   return param_axes, cache_axes
 
 
+def output_head(config: TransformerConfig, params: dict) -> OutputHead:
+  """The model contract's optional head: token embedding [V, D], untied LM head [D, V]."""
+  softcap = config.final_logit_softcapping
+  return OutputHead(embed=params["embed"],
+                    lm_head=None if config.tie_word_embeddings else params["lm_head"],
+                    embedding_multiplier=float(config.embedding_multiplier),
+                    final_logit_softcapping=float(softcap) if softcap else None)
+
+
 def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
-  """Wrap `params` of this architecture as a `jspec.Model` (with sharding axes).
+  """Wrap `params` of this architecture as a `jspec.Model` (with sharding axes, the
+  decoding form and the output head).
 
   `extra`: other `Model` fields, e.g. tokenizer= or eos_ids=.
   """
   return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
-               axes_fn=logical_axes, prepare_fn=unstack, **extra)
+               axes_fn=logical_axes, prepare_fn=unstack, head_fn=output_head, **extra)
 
 
 def init(config: TransformerConfig, seed: int = 0, dtype=jnp.float32) -> Model:

@@ -38,7 +38,7 @@ MODULES = (
     "jspec.models",
     "jspec.models.corpus",
     "jspec.models.hf",
-    "jspec.models.layers",
+    "jspec.nn",
     "jspec.models.recipe",
     "jspec.models.shipped",
     "jspec.models.train",

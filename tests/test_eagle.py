@@ -360,12 +360,14 @@ def test_bad_inputs(eagle, target, tmp_path):
   E.save_eagle(eagle, tmp_path / "ok")
   with pytest.raises(FileExistsError):
     E.save_eagle(eagle, tmp_path / "ok")
-  # A target of another width or vocabulary (the check reads the config only).
-  wider = dataclasses.replace(target, config=dataclasses.replace(target.config, hidden_size=64))
+  # A target of another width or vocabulary (the check reads the target's output head,
+  # `Model.head_fn`, and the head's config; no tensor is read).
+  def with_embed(v, d):
+    return dataclasses.replace(target, params={**target.params, "embed": jnp.zeros((v, d))})
+  wider = with_embed(target.vocab_size, 64)
   with pytest.raises(ValueError, match="hidden size 32"):
     E.load_eagle(tmp_path / "ok", wider)
-  other_vocab = dataclasses.replace(target, config=dataclasses.replace(target.config,
-                                                                       vocab_size=40))
+  other_vocab = with_embed(40, 32)
   with pytest.raises(ValueError, match="vocab 48"):
     E.load_eagle(tmp_path / "ok", other_vocab)
   # Truncated config, wrong tensor shapes, corrupt params.
@@ -396,8 +398,10 @@ def test_bad_inputs(eagle, target, tmp_path):
     E.Eagle.from_target(target, bad, eagle.config)
   with pytest.raises(ValueError, match="missing tensors"):
     E.Eagle.from_target(target, {"fc": eagle.params["fc"]}, eagle.config)
-  with pytest.raises(TypeError, match="TransformerConfig"):
-    E.Eagle.from_target(dataclasses.replace(target, config=object()), eagle.params)
+  with pytest.raises(TypeError, match="no head_fn"):
+    E.Eagle.from_target(dataclasses.replace(target, head_fn=None), eagle.params)
+  with pytest.raises(TypeError, match=r"has no \['hidden_size'"):
+    E.EagleConfig.for_target(object())
   with pytest.raises(ValueError, match="config="):
     E.save_eagle(eagle.params, tmp_path / "noconfig")
   with pytest.raises(ValueError, match="feature_start"):

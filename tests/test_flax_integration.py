@@ -123,6 +123,28 @@ def test_custom_architecture_decodes_exactly(custom, plain_model):
   _check_exact(custom, plain_model)
 
 
+@pytest.mark.parametrize("kind", ["plain", "linen"])
+def test_medusa_and_eagle_decode_custom_models(custom, plain_model, linen_model, kind):
+  """Heads reach the target's embedding and LM head through `Model.head_fn` only: no
+  reference-decoder params, no import of the model zoo. Random heads, greedy: the
+  output equals the model's own greedy decoding whatever they propose."""
+  model = plain_model if kind == "plain" else linen_model
+  D = model.head().embed.shape[1]
+  base = jspec.generate(model, PROMPTS, max_new_tokens=NEW)
+  heads = jax.tree_util.tree_map(lambda x: x + 0.05, jspec.medusa.init_heads(3, D))
+  medusa = jspec.Medusa.from_target(model, heads)
+  config = jspec.EagleConfig(hidden_size=D, vocab_size=model.vocab_size, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=8, intermediate_size=2 * D)
+  eagle = jspec.Eagle.from_target(model, jspec.eagle.init_params(config, jax.random.key(3)),
+                                  config)
+  for drafter in (medusa, eagle):
+    out = jspec.speculative_generate(model, drafter, PROMPTS, num_draft_tokens=3,
+                                     max_new_tokens=NEW)
+    assert_greedy_match(model, PROMPTS, np.asarray(base.tokens).tolist(),
+                        np.asarray(out.tokens))
+    assert int(np.max(np.asarray(out.stats.target_calls))) <= NEW
+
+
 def test_custom_architecture_honours_block_mask_and_depth(plain_model):
   # A tree block [a, b, c] with b and c both children of a (siblings at depth 1)
   # must score c as the chain [a, c] does.

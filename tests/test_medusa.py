@@ -186,8 +186,8 @@ def test_propose_tree_picks_ranked_tokens_of_each_head(target):
 
 
 def test_bad_targets_and_heads(target):
-  other = dataclasses.replace(target, config=object())
-  with pytest.raises(ValueError, match="only from TransformerConfig models"):
+  other = dataclasses.replace(target, head_fn=None)  # a model that exposes no output head
+  with pytest.raises(TypeError, match="no head_fn"):
     Medusa.from_target(other, medusa.init_heads(2, D))
   with pytest.raises(ValueError, match="hidden size 16, but the target's hidden size is 32"):
     Medusa.from_target(target, medusa.init_heads(2, 16))
@@ -328,8 +328,11 @@ def test_load_errors(target, saved, tmp_path):
   shutil.rmtree(missing / medusa.HEADS_DIR)
   with pytest.raises(FileNotFoundError, match="heads directory missing"):
     medusa.load_medusa(missing, target)
-  # Targets are checked by their configs, before any array is read.
-  wide = dataclasses.replace(target, config=dataclasses.replace(target.config, hidden_size=48))
+  # Targets are checked by their output heads (`Model.head_fn`) and configs, before any
+  # array of the heads is read.
+  V = target.vocab_size
+  wide = dataclasses.replace(target, params={**target.params, "embed": jnp.zeros((V, 48)),
+                                             "lm_head": jnp.zeros((48, V))})
   with pytest.raises(ValueError, match="trained for hidden size 32, but the target's is 48"):
     medusa.load_medusa(path, wide)
   bigger = dataclasses.replace(target, config=dataclasses.replace(target.config, vocab_size=96))

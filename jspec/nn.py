@@ -1,4 +1,8 @@
-"""Building blocks of the reference decoder, as pure functions and small option types.
+"""Neural building blocks, as pure functions and small option types.
+
+The reference decoder (`jspec.models`) is built from them, and so are the
+drafters' own layers (EAGLE's decoder layer): they sit below both, so a drafter
+never has to import the model zoo (docs/architecture.md, the layers).
 
 The options are small frozen types rather than flags: a config says *which*
 norm, position scheme and MLP it has, and each type knows its own params.
