@@ -1,4 +1,4 @@
-"""Measured per-call costs of a model: the inputs of the speedup model (DESIGN.md).
+"""Measured per-call costs of a model: the inputs of the speedup model.
 
     ideal speedup = tau * T_step / (T_verify + K * T_draft)
 
