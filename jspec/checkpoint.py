@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import sharding
+from jspec.params_io import read_format_file, stored_tensors
 from jspec.model import Model
 from jspec.tokenizer import load_tokenizer, read_eos_ids
 
@@ -223,22 +224,6 @@ def _load_native(path: str, dtype, layout=None) -> Model:
                              eos_ids=eos_ids)
 
 
-def read_format_file(config_path: str, fmt: str, version: int, what: str) -> dict:
-  """A jspec JSON config file (checkpoint, Medusa heads, EAGLE head), checked: valid
-  JSON, a dict, the expected `format` name and `version`."""
-  try:
-    with open(config_path) as f:
-      meta = json.load(f)
-  except ValueError as e:
-    raise ValueError(f"{config_path} is not valid JSON (truncated?): {e}") from e
-  if not isinstance(meta, dict) or meta.get("format") != fmt:
-    raise ValueError(f"{config_path} is not {what} (format {fmt!r})")
-  if meta.get("version") != version:
-    raise ValueError(f"{config_path}: format version {meta.get('version')!r} is not supported "
-                     f"(this jspec reads version {version})")
-  return meta
-
-
 def _read_config(config_path: str):
   meta = read_format_file(config_path, FORMAT, FORMAT_VERSION, "a jspec checkpoint config")
   for key in ("config_class", "config", "eos_ids"):
@@ -270,36 +255,6 @@ def _config_class(name: Any, config_path: str) -> type:
     raise ValueError(f"{config_path}: unknown config class {name!r}; jspec.models has "
                      f"{', '.join(known)}")
   return cls
-
-
-def stored_tensors(directory: str, what: str = "params") -> dict[str, tuple[tuple[int, ...], Any]]:
-  """{leaf path: (shape, dtype)} of an orbax directory, read from its metadata alone.
-
-  Clear errors for a missing directory (an interrupted save), unreadable metadata
-  and an empty listing (orbax logs a warning and returns an empty tree)."""
-  import orbax.checkpoint as ocp
-
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f"{directory}: {what} directory missing (an interrupted save?)")
-  unreadable = f"cannot read {what} metadata in {directory} (missing or corrupt files?)"
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      stored = _leaf_metadata(checkpointer.metadata(directory))
-  except Exception as e:
-    raise ValueError(f"{unreadable}: {e}") from e
-  if not stored:
-    raise ValueError(f"{unreadable}: no tensors listed")
-  return stored
-
-
-def _leaf_metadata(metadata) -> dict[str, tuple[tuple[int, ...], Any]]:
-  """{key path: (shape, dtype)} of the stored params, from orbax metadata
-  (a StepMetadata / TreeMetadata in recent orbax, the bare tree in older)."""
-  tree = getattr(metadata, "item_metadata", metadata)
-  tree = getattr(tree, "tree", tree)
-  leaves = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))[0]
-  return {jax.tree_util.keystr(p): (tuple(x.shape), jnp.dtype(x.dtype)) for p, x in leaves}
 
 
 def _check_shapes(expected, stored: dict, params_dir: str, config_path: str) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any
 
@@ -46,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from jspec import sampling
-from jspec.checkpoint import read_format_file
+from jspec import params_io
 from jspec.model import Model
 from jspec.tree import top_ranked
 from jspec import nn as layers
@@ -520,10 +519,8 @@ def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | 
   together with its `config`.
   meta: JSON-ready extra information kept in the config file.
   dtype: cast floating-point params to this dtype on disk (e.g. "bfloat16").
-  The config file is written last: a directory without it never loads.
+  The config file is written last (`jspec.params_io`): a directory without it never loads.
   """
-  import orbax.checkpoint as ocp
-
   if isinstance(params, Eagle):
     config = params.config if config is None else config
     params = params.params
@@ -537,30 +534,15 @@ def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | 
   if dtype is not None:
     dt = jnp.dtype(dtype)
     params = jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
-  text = json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
-                     "meta": meta or {}}, indent=2)  # fails here, before anything is written
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-    raise FileExistsError(f"{path} exists and is not an empty directory; save into a new one")
-  os.makedirs(path, exist_ok=True)
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(path, PARAMS_DIR), jax.tree_util.tree_map(jnp.asarray, params))
-  tmp = os.path.join(path, CONFIG_FILE + ".tmp")
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, os.path.join(path, CONFIG_FILE))
+  params_io.save_dir(path, PARAMS_DIR, params, CONFIG_FILE,
+                     {"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
+                      "meta": meta or {}})
 
 
 def read_config(path) -> tuple[EagleConfig, dict]:
   """The `EagleConfig` and meta dict of a saved head, checked."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"no EAGLE head directory {path}")
+  path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "EAGLE head")
   config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{path} has no {CONFIG_FILE} (not an EAGLE head, or an "
-                            f"interrupted save)")
-  meta = read_format_file(config_path, FORMAT, FORMAT_VERSION, "an EAGLE head config")
   if not isinstance(meta.get("config"), dict):
     raise ValueError(f"{config_path}: missing field 'config'")
   try:
@@ -577,10 +559,6 @@ def load_eagle(path, target: Model, dtype="float32") -> Eagle:
   target (hidden size and vocabulary), and every stored tensor's shape.
   dtype: floating-point params are cast to it (default f32; None keeps stored).
   """
-  import orbax.checkpoint as ocp
-
-  from jspec.checkpoint import stored_tensors
-
   config, _ = read_config(path)
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
   embed, _ = target_head(target)  # a clear error for a target without an output head
@@ -589,33 +567,6 @@ def load_eagle(path, target: Model, dtype="float32") -> Eagle:
     raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
                      f"vocab {config.vocab_size}; the target has hidden size {D} "
                      f"and vocab {V}")
-  params_dir = os.path.join(path, PARAMS_DIR)
-  stored = stored_tensors(params_dir)
-  shapes = param_shapes(config)
-  want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}
-  missing, extra = sorted(set(want) - set(stored)), sorted(set(stored) - set(want))
-  if missing or extra:
-    raise ValueError(f"params in {params_dir} do not match {CONFIG_FILE}: missing tensors "
-                     f"{missing}, unexpected tensors {extra}")
-  for key, shape in want.items():
-    if stored[key][0] != shape:
-      raise ValueError(f"params tensor {key} in {params_dir} has shape {stored[key][0]}, but "
-                       f"{CONFIG_FILE} gives {shape}")
-  cast = None if dtype is None else jnp.dtype(dtype)
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-  def abstract(key_path, shape):
-    stored_dtype = stored[jax.tree_util.keystr(key_path)][1]
-    dt = cast if cast is not None and jnp.issubdtype(stored_dtype, jnp.floating) else stored_dtype
-    return jax.ShapeDtypeStruct(shape, dt, sharding=one)
-
-  target_tree = jax.tree_util.tree_map_with_path(abstract, shapes,
-                                                 is_leaf=lambda x: isinstance(x, tuple))
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      params = checkpointer.restore(params_dir, target_tree)
-  except Exception as e:  # noqa: BLE001
-    raise ValueError(f"cannot read params from {params_dir} (truncated or corrupt files?): "
-                     f"{e}") from e
+  params = params_io.restore_checked(os.path.join(path, PARAMS_DIR), param_shapes(config), dtype,
+                                     "params", CONFIG_FILE)
   return Eagle.from_target(target, params, config)

@@ -37,7 +37,6 @@ The heads carry no LM head: `load_medusa(path, target)` attaches the target's.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, ClassVar
 
@@ -46,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec.checkpoint import read_format_file
+from jspec import params_io
 from jspec.model import Model
 from jspec.tree import top_ranked
 
@@ -267,17 +266,16 @@ def newest_feature(context) -> jax.Array:
 
 def save_medusa(heads, path, meta: dict | None = None, *, vocab_size: int | None = None,
                 dtype=None) -> None:
-  """Write heads into `path` (new or empty): orbax arrays and medusa_config.json.
+  """Write heads into `path` (new or empty): orbax arrays and medusa_config.json
+  (`jspec.params_io`: the config is written last, so a directory without it is an
+  interrupted save).
 
   Args:
     heads: a `Medusa` (its vocab size is recorded) or a heads dict {"w", "b"}
       (then give `vocab_size`, the target's V).
     meta: small JSON-ready dict kept in the config (how the heads were made).
     dtype: cast the arrays to this dtype on disk (e.g. "bfloat16"); None keeps theirs.
-  The config is written last, so a directory without it is an interrupted save.
   """
-  import orbax.checkpoint as ocp
-
   if isinstance(heads, Medusa):
     vocab_size = heads.vocab_size if vocab_size is None else vocab_size
     heads = heads.heads
@@ -292,67 +290,28 @@ def save_medusa(heads, path, meta: dict | None = None, *, vocab_size: int | None
   config = {"format": FORMAT, "version": FORMAT_VERSION, "num_heads": K, "hidden_size": D,
             "vocab_size": int(vocab_size), "stored_dtype": str(jnp.dtype(heads["w"].dtype)),
             "meta": meta or {}}
-  text = json.dumps(config, indent=2)  # fails here, before anything is written
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))  # orbax reads relative paths wrongly
-  if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-    raise FileExistsError(f"{path} exists and is not an empty directory; save into a new one")
-  os.makedirs(path, exist_ok=True)
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(path, HEADS_DIR), {k: jnp.asarray(v) for k, v in heads.items()})
-  tmp = os.path.join(path, CONFIG_FILE + ".tmp")
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, os.path.join(path, CONFIG_FILE))
+  params_io.save_dir(path, HEADS_DIR, dict(heads), CONFIG_FILE, config)
 
 
 def read_medusa_config(path) -> dict:
   """The checked medusa_config.json of a heads directory."""
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"no Medusa heads directory {path}")
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{path} has no {CONFIG_FILE}: not a Medusa heads directory "
-                            f"(or an interrupted save)")
-  config = read_format_file(config_path, FORMAT, FORMAT_VERSION, "a Medusa heads config")
+  path, config = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "Medusa heads")
   for key in ("num_heads", "hidden_size", "vocab_size"):
     value = config.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ValueError(f"{config_path}: {key} must be a positive integer, got {value!r}")
+      raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {key} must be a positive integer, "
+                       f"got {value!r}")
   return config
 
 
 def load_heads(path, dtype="float32") -> tuple[dict, dict]:
   """(heads, config) from a directory written by `save_medusa`; arrays cast to `dtype`
   (None keeps the stored dtype)."""
-  import orbax.checkpoint as ocp
-
-  from jspec.checkpoint import stored_tensors
-
   config = read_medusa_config(path)
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  heads_dir = os.path.join(path, HEADS_DIR)
-  stored = stored_tensors(heads_dir, "heads")
   K, D = config["num_heads"], config["hidden_size"]
-  want = {"['w']": (K, D, D), "['b']": (K, D)}
-  if set(stored) != set(want):
-    raise ValueError(f"Medusa heads in {heads_dir} hold tensors {sorted(stored)}, expected "
-                     f"{sorted(want)}")
-  for key, shape in want.items():
-    if stored[key][0] != shape:
-      raise ValueError(f"Medusa heads tensor {key} in {heads_dir} has shape {stored[key][0]}, "
-                       f"but {CONFIG_FILE} (num_heads {K}, hidden_size {D}) gives {shape}")
-  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  dtype = None if dtype is None else jnp.dtype(dtype)
-  abstract = {name: jax.ShapeDtypeStruct(want[f"['{name}']"],
-                                         dtype or stored[f"['{name}']"][1], sharding=one)
-              for name in ("w", "b")}
-  try:
-    with ocp.StandardCheckpointer() as checkpointer:
-      heads = checkpointer.restore(heads_dir, abstract)
-  except Exception as e:
-    raise ValueError(f"cannot read Medusa heads from {heads_dir} (truncated or corrupt "
-                     f"files?): {e}") from e
+  heads = params_io.restore_checked(
+      os.path.join(params_io.absolute(path), HEADS_DIR), {"w": (K, D, D), "b": (K, D)}, dtype,
+      "heads", f"{CONFIG_FILE} (num_heads {K}, hidden_size {D})")
   return dict(heads), config
 
 
