@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import sharding
-from jspec.params_io import read_format_file, stored_tensors
+from jspec.params_io import check_stored, read_format_file, stored_tensors
 from jspec.model import Model
 from jspec.tokenizer import load_tokenizer, read_eos_ids
 
@@ -260,15 +260,7 @@ def _config_class(name: Any, config_path: str) -> type:
 def _check_shapes(expected, stored: dict, params_dir: str, config_path: str) -> None:
   want = {jax.tree_util.keystr(p): tuple(x.shape)
           for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]}
-  missing = sorted(set(want) - set(stored))
-  extra = sorted(set(stored) - set(want))
-  if missing or extra:
-    raise ValueError(f"params in {params_dir} do not match the config in {config_path}: "
-                     f"missing tensors {missing}, unexpected tensors {extra}")
-  for key, shape in want.items():
-    if stored[key][0] != shape:
-      raise ValueError(f"params tensor {key} in {params_dir} has shape {stored[key][0]}, but "
-                       f"the config in {config_path} gives {shape}")
+  check_stored(want, stored, params_dir, "params", f"the config in {config_path}")
 
 
 def _float_dtype(dtype):

@@ -109,6 +109,19 @@ def open_dir(path, config_file: str, fmt: str, version: int, what: str) -> tuple
   return path, read_format_file(config_path, fmt, version, f"a {what} config")
 
 
+def check_stored(want: dict, stored: dict, arrays_dir: str, what: str, source: str) -> None:
+  """Raise unless the stored tensors ({key path: (shape, dtype)}) are exactly `want`
+  ({key path: shape}) by name and shape."""
+  missing, extra = sorted(set(want) - set(stored)), sorted(set(stored) - set(want))
+  if missing or extra:
+    raise ValueError(f"{what} in {arrays_dir} do not match {source}: missing tensors "
+                     f"{missing}, unexpected tensors {extra}")
+  for key, shape in want.items():
+    if stored[key][0] != shape:
+      raise ValueError(f"{what} tensor {key} in {arrays_dir} has shape {stored[key][0]}, but "
+                       f"{source} gives {shape}")
+
+
 def restore_checked(arrays_dir: str, shapes, dtype, what: str, source: str) -> Any:
   """The tree stored in `arrays_dir`, checked against `shapes` (a pytree of shape tuples)
   before any array is read, floating-point leaves cast to `dtype` (None keeps them).
@@ -122,14 +135,7 @@ def restore_checked(arrays_dir: str, shapes, dtype, what: str, source: str) -> A
   is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
   flat = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_shape)[0]
   want = {jax.tree_util.keystr(p): tuple(s) for p, s in flat}
-  missing, extra = sorted(set(want) - set(stored)), sorted(set(stored) - set(want))
-  if missing or extra:
-    raise ValueError(f"{what} in {arrays_dir} do not match {source}: missing tensors "
-                     f"{missing}, unexpected tensors {extra}")
-  for key, shape in want.items():
-    if stored[key][0] != shape:
-      raise ValueError(f"{what} tensor {key} in {arrays_dir} has shape {stored[key][0]}, but "
-                       f"{source} gives {shape}")
+  check_stored(want, stored, arrays_dir, what, source)
   cast = None if dtype is None else jnp.dtype(dtype)
   one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
