@@ -9,7 +9,7 @@ distribution exactly; greedy output equals the target's own greedy output.
 from jspec import acceptance, decode, eagle, medusa, sampling, sharding, tree
 from jspec.decode import DecodeConfig, DecodeState, DecodeStats
 from jspec.draft_model import DraftModel
-from jspec.dynamic import AutoK
+from jspec.schedule import AutoK
 from jspec.drafter import DraftContext, Drafter
 from jspec.api import GenerateOutput, generate, speculative_generate
 from jspec.checkpoint import load, save

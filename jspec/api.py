@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import decode, dynamic, sharding, streaming
+from jspec import decode, dynamic, schedule, sharding, streaming
 from jspec.draft_model import DraftModel
 from jspec.model import Model
 from jspec.sampling import SamplingParams
@@ -84,8 +84,11 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   `jspec.sharding.shard_model(draft, layout)` to split it by the same rules).
 
   num_draft_tokens: K >= 1, or "auto" (or a `jspec.AutoK`) to choose K per round
-  inside the loop from the running acceptance and per-call costs measured at this
-  batch size (`jspec.dynamic`; cached on disk). When no K can beat plain decoding
+  inside the loop from the running acceptance and round costs at this batch size:
+  a profile saved by `jspec profile` when there is one for these models and shapes,
+  else a prior from the models' bytes and FLOPs and the device's rates (measured once
+  per machine and saved; `jspec.cost_model`). The call itself times nothing; the
+  choice is `jspec.schedule`, the loop `jspec.dynamic`. When no K can beat plain decoding
   at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
   decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
 
@@ -100,15 +103,15 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   if tree is not None:
     if not isinstance(tree, Tree):
       raise TypeError(f"tree must be a jspec.Tree, got {type(tree).__name__}")
-    if K is not None and (isinstance(K, (str, dynamic.AutoK)) or K != tree.max_depth):
+    if K is not None and (isinstance(K, (str, schedule.AutoK)) or K != tree.max_depth):
       raise ValueError(f"num_draft_tokens={K!r} conflicts with the tree, whose depth is "
                        f"{tree.max_depth}: omit it when passing a tree")
     K = tree.max_depth
   elif K is None:
     K = 4
   if isinstance(K, str) and K == "auto":
-    K = dynamic.AutoK()
-  if isinstance(K, dynamic.AutoK):
+    K = schedule.AutoK()
+  if isinstance(K, schedule.AutoK):
     pass
   elif isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
     raise ValueError(f"num_draft_tokens must be an integer >= 1, \"auto\" or a jspec.AutoK, "
@@ -128,7 +131,7 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
     if sharding.model_axes(target) is None:
       raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                        "the slot axis of its K/V buffers")
-  if isinstance(K, dynamic.AutoK) and decode.uses_features(drafter):
+  if isinstance(K, schedule.AutoK) and decode.uses_features(drafter):
     raise ValueError(f"num_draft_tokens='auto' does not support {type(drafter).__name__}: it "
                      f"reads the target's hidden states, which rounds without drafting do not "
                      f"keep; pass a fixed K")
@@ -147,7 +150,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     with streaming.listening(stream):
       return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
                   eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True)
-  auto = K if isinstance(K, dynamic.AutoK) else None
+  auto = K if isinstance(K, schedule.AutoK) else None
   if auto is not None:
     K = auto.max_k
   if not isinstance(target, Model):
@@ -204,9 +207,8 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   if auto is not None:
     # Top-k / top-p make every position of a round sort its logits (costs differ).
     filtered = bool(np.any((top_ks > 0) | (top_ps < 1.0)))
-    costs = auto.costs or dynamic.round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
-                                              filtered=filtered)
-    choices, costs = dynamic.worthwhile(auto, costs)
+    costs = auto.costs or _auto_costs(target, drafter, B, S, auto, greedy, filtered)
+    choices, costs = schedule.select(auto, costs)
     if max(choices) == 0:
       drafter, auto, K = None, None, 0  # speculation cannot win here: plain decoding
     else:
@@ -238,6 +240,19 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     rounds_by_k = {0: int(np.max(np.asarray(stats.target_calls)))}
   return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats,
                         rounds_by_k=rounds_by_k)
+
+
+def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: bool):
+  """Round costs for "auto" without timing anything: a profile saved for these models
+  and shapes (`jspec profile`), else the prior from bytes, FLOPs and the device's rates."""
+  from jspec import cost_model, profile
+
+  saved = profile.saved_round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
+                                    filtered=filtered, cache_dir=auto.cache_dir)
+  if saved is not None:
+    return saved
+  return cost_model.prior_costs(target, drafter, B, S, auto.choices,
+                                cost_model.device_rates(auto.cache_dir))
 
 
 def _placed(model: Model, layout, replicate: bool) -> Model:

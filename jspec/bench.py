@@ -17,10 +17,10 @@ so nothing is downloaded:
 Sections of the JSON report (and the figures under --out):
 
   k_sweep      batch 1, code: tau, measured speedup and the ideal speedup from
-               in-loop per-call costs (`dynamic.call_costs`: a round's calls
+               in-loop per-call costs (`profile.call_costs`: a round's calls
                back to back; "ideal_apart" from each call timed alone) for each
                drafter and K, plus "auto"; also the whole-round costs "auto" uses
-               (`dynamic.round_costs`), and under "steady" the same comparison
+               (`profile.round_costs`), and under "steady" the same comparison
                for rounds past a long generation's first quarter, without the
                call's fixed part (`steady_sweep`);
   batch_sweep  code: speedup of the draft model (fixed K), n-gram and "auto"
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec import dynamic
+from jspec import profile, schedule
 from jspec.api import cache_bucket, generate, speculative_generate
 from jspec.draft_model import DraftModel
 from jspec.model import Model
@@ -154,12 +154,12 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
   costs_by_drafter = {}
   for dname, drafter in drafters.items():
     ks = (0,) + tuple(s.ks)
-    costs = costs_by_drafter[dname] = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks)))
-    apart = dict(zip(ks, dynamic.call_costs(target, drafter, 1, S, ks, apart=True)))
+    costs = costs_by_drafter[dname] = dict(zip(ks, profile.call_costs(target, drafter, 1, S, ks)))
+    apart = dict(zip(ks, profile.call_costs(target, drafter, 1, S, ks, apart=True)))
     report["costs_ms_" + dname] = {str(k): v * 1e3 for k, v in costs.items()}
     report["costs_apart_ms_" + dname] = {str(k): v * 1e3 for k, v in apart.items()}
     report["round_costs_ms_" + dname] = {
-        str(k): v * 1e3 for k, v in zip(ks, dynamic.round_costs(target, drafter, 1, S, ks))}
+        str(k): v * 1e3 for k, v in zip(ks, profile.round_costs(target, drafter, 1, S, ks))}
     for k in list(s.ks) + ["auto"]:
       row = _row(res[f"{dname}@{k}"], base, k)
       if k != "auto":
@@ -455,7 +455,7 @@ def device_report(target: Model, draft: Model, batches, ks, s: Settings,
     step = t(target, 1)
     t_draft = t(draft, 1)
     verify = {k: t(target, k + 1) for k in ks}
-    tau = {k: float(dynamic.expected_tokens(np.float64(alpha), k)) for k in ks}
+    tau = {k: float(schedule.expected_tokens(np.float64(alpha), k)) for k in ks}
     row = {"step_ms": step * 1e3, "draft_over_step": t_draft / step,
            "verify_over_step": {str(k): v / step for k, v in verify.items()},
            "breakeven_tau": {str(k): (verify[k] + k * t_draft) / step for k in ks},

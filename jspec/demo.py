@@ -228,7 +228,7 @@ def shipped_demo(args) -> int:
   import jax
 
   import jspec
-  from jspec import costs, dynamic
+  from jspec import costs, profile
   from jspec.api import cache_bucket
   from jspec.models import shipped
 
@@ -280,7 +280,7 @@ def shipped_demo(args) -> int:
   hist = sum(np.asarray(o.stats.accept_hist) for o in spec_outs)
   rates = costs.acceptance_rates(hist, emitted, calls)
   S = cache_bucket(max(len(p) for p in prompts) + N + K + 1)
-  t_plain, t_round = dynamic.call_costs(target, jspec.DraftModel(draft), 1, S, (0, K))
+  t_plain, t_round = profile.call_costs(target, jspec.DraftModel(draft), 1, S, (0, K))
   ideal = rates["tau"] * t_plain / t_round
   base_tokens = sum(int(o.lengths[0]) for o in outputs["baseline"])
   base_t, spec_t = statistics.median(totals["baseline"]), statistics.median(totals["speculative"])

@@ -17,13 +17,13 @@ import pytest
 import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
-from jspec import dynamic
+from jspec import cost_model, dynamic, profile, schedule
 from jspec.drafter import DraftContext
 from reference import assert_counts_match
 
 # Costs under which a mediocre draft flips between K = 0 and K >= 1 as the estimate
 # moves: at the prior 0.6, K = 1 wins (1.6 / 1.5 > 1 / 1.0); below about 0.5, K = 0.
-SWITCHING = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.5, 1.9, 2.6))
+SWITCHING = schedule.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.5, 1.9, 2.6))
 
 
 def used(out):
@@ -111,7 +111,7 @@ def test_lookup_count_caps_k(target, allow):
   every round is a plain step, whatever the estimate says."""
   prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]]
   kw = dict(max_new_tokens=30, eos_id=())
-  eager = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.05, 1.1, 1.2), prior=0.95)
+  eager = schedule.AutoK(choices=(0, 1, 2, 4), costs=(1.0, 1.05, 1.1, 1.2), prior=0.95)
   drafter = CountedLookup(jspec.NGram(vocab_size=64, max_ngram=3), allow)
   out = jspec.speculative_generate(target, drafter, prompts, num_draft_tokens=eager, **kw)
   base = jspec.generate(target, prompts, **kw)
@@ -122,7 +122,7 @@ def test_lookup_count_caps_k(target, allow):
 def test_plain_decoding_when_speculation_cannot_win(target, close_draft):
   prompts = ragged_prompts(2, target.vocab_size, seed=3)
   kw = dict(max_new_tokens=12, eos_id=())
-  slow = dynamic.AutoK(choices=(0, 2, 4), costs=(1.0, 4.0, 7.0))  # loses even at 0.9
+  slow = schedule.AutoK(choices=(0, 2, 4), costs=(1.0, 4.0, 7.0))  # loses even at 0.9
   out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=slow, **kw)
   base = jspec.generate(target, prompts, **kw)
   np.testing.assert_array_equal(out.tokens, base.tokens)
@@ -142,7 +142,7 @@ def test_sampled_whole_sequences_follow_target(monkeypatch):
   draft = jspec.models.init(config, seed=22)
   exact = enumeration.exact_distribution(target, 1.0, 0)
   # K = 3 at the prior; K = 1 once the critical row has seen a rejection.
-  auto = dynamic.AutoK(choices=(0, 1, 3), costs=(1.5, 1.0, 1.7), prior=0.95, prior_weight=1e-3)
+  auto = schedule.AutoK(choices=(0, 1, 3), costs=(1.5, 1.0, 1.7), prior=0.95, prior_weight=1e-3)
   spec = jspec.speculative_generate(target, draft, [enumeration.PROMPT] * enumeration.ROWS,
                                     num_draft_tokens=auto, max_new_tokens=enumeration.NEW,
                                     temperature=1.0, seed=77, eos_id=())
@@ -153,25 +153,25 @@ def test_sampled_whole_sequences_follow_target(monkeypatch):
 def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
   drafter = jspec.DraftModel(far_draft)
-  first = dynamic.round_costs(target, drafter, 1, 128, (0, 2), calls=2, repeats=1)
+  first = profile.round_costs(target, drafter, 1, 128, (0, 2), calls=2, repeats=1)
   assert len(first) == 2 and all(c > 0 for c in first)
 
   def measured_again(*a, **k):
     raise AssertionError("costs were measured twice")
 
-  monkeypatch.setattr(dynamic, "_measure_costs", measured_again)
-  assert dynamic.round_costs(target, drafter, 1, 128, (2, 0)) == first[::-1]
+  monkeypatch.setattr(profile, "_measure_costs", measured_again)
+  assert profile.round_costs(target, drafter, 1, 128, (2, 0)) == first[::-1]
   # The parsed file is kept per version of the file: another process's edit is seen.
   path = tmp_path / "costs.json"
   table = json.loads(path.read_text())
   path.write_text(json.dumps({key: {k: 2 * t for k, t in times.items()}
                               for key, times in table.items()}, indent=2))
-  assert dynamic.round_costs(target, drafter, 1, 128, (0, 2)) == pytest.approx(
+  assert profile.round_costs(target, drafter, 1, 128, (0, 2)) == pytest.approx(
       tuple(2 * c for c in first))
   # A damaged cache file is remeasured, not trusted.
   (tmp_path / "costs.json").write_text("{not json")
   with pytest.raises(AssertionError, match="measured twice"):
-    dynamic.round_costs(target, drafter, 1, 128, (0, 2))
+    profile.round_costs(target, drafter, 1, 128, (0, 2))
 
 
 def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch, target,
@@ -182,16 +182,16 @@ def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch,
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
   drafter = jspec.DraftModel(far_draft)
   roles = []
-  measure = dynamic._measure_costs
+  measure = profile._measure_costs
 
   def recording(role, *args):
     roles.append(role)
     return measure(role, *args)
 
-  monkeypatch.setattr(dynamic, "_measure_costs", recording)
-  together = dynamic.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1)
+  monkeypatch.setattr(profile, "_measure_costs", recording)
+  together = profile.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1)
   assert roles == ["target", "pair"]
-  apart = dynamic.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1, apart=True)
+  apart = profile.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1, apart=True)
   assert roles == ["target", "pair", "target", "drafter"]  # the plain round was cached
   assert together[0] == apart[0]
   for costs in (together, apart):
@@ -203,27 +203,55 @@ def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch,
 def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target, far_draft,
                                                   top_k, top_p, filtered):
   """Top-k / top-p sort every position's logits, plain temperature sampling does not:
-  "auto" asks for costs measured with the filter on exactly when a row uses one, and
-  those are kept under their own key."""
+  "auto" reads costs profiled with the filter on exactly when a row uses one, kept
+  under their own key, and a call times nothing itself."""
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
+
+  def never(*args):
+    raise AssertionError("a decoding call timed rounds")
+
+  S = jspec.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
+  drafter = jspec.DraftModel(far_draft)
+  for f in (filtered, not filtered):
+    profile.profile_auto(target, drafter, 1, S, greedy=False, filtered=f, calls=2, repeats=1)
+  monkeypatch.setattr(profile, "_measure_costs", never)
   asked = []
-  measure = dynamic._measure_costs
+  saved = profile.saved_round_costs
 
-  def recording(*args):
-    asked.append(args[-1])  # filtered
-    return measure(*args)
+  def recording(*args, **kw):
+    asked.append(kw["filtered"])
+    return saved(*args, **kw)
 
-  monkeypatch.setattr(dynamic, "_measure_costs", recording)
-  monkeypatch.setattr(dynamic.round_costs, "__kwdefaults__",
-                      {**dynamic.round_costs.__kwdefaults__, "calls": 2, "repeats": 1})
+  monkeypatch.setattr(profile, "saved_round_costs", recording)
+  monkeypatch.setattr(cost_model, "prior_costs", never)  # the saved profile is found
   jspec.speculative_generate(target, far_draft, [[1, 2, 3]], num_draft_tokens="auto",
                              max_new_tokens=3, temperature=0.8, top_k=top_k, top_p=top_p)
   assert asked == [filtered]
-  # The other kind of sampled costs is not in the cache yet: measured once more.
-  S = jspec.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
-  dynamic.round_costs(target, jspec.DraftModel(far_draft), 1, S, (0, 1, 2, 3, 4, 6),
-                      greedy=False, filtered=not filtered, calls=2, repeats=1)
-  assert asked == [filtered, not filtered]
+
+
+def test_auto_without_a_profile_uses_the_prior_and_times_nothing(tmp_path, monkeypatch, target,
+                                                                 far_draft):
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
+
+  def never(*args):
+    raise AssertionError("a decoding call timed rounds")
+
+  monkeypatch.setattr(profile, "_measure_costs", never)
+  priced = []
+  prior = cost_model.prior_costs
+
+  def recording(*args, **kw):
+    priced.append(args[4])
+    return prior(*args, **kw)
+
+  monkeypatch.setattr(cost_model, "prior_costs", recording)
+  prompts = ragged_prompts(2, target.vocab_size, seed=4)
+  out = jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
+                                   max_new_tokens=8, eos_id=())
+  base = jspec.generate(target, prompts, max_new_tokens=8, eos_id=())
+  assert priced == [schedule.AutoK().choices]
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 3
 
 
 @pytest.mark.parametrize("bad", [
@@ -232,7 +260,7 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
     dict(switch_margin=1.0), dict(switch_margin=-0.1)])
 def test_bad_settings(bad):
   with pytest.raises(ValueError):
-    dynamic.AutoK(**bad)
+    schedule.AutoK(**bad)
 
 
 def test_bad_num_draft_tokens(target, far_draft):
@@ -242,15 +270,15 @@ def test_bad_num_draft_tokens(target, far_draft):
 
 
 def test_monotone_costs():
-  assert dynamic.monotone((0, 1, 2, 4), (1.0, 2.0, 3.0, 2.5)) == pytest.approx(
+  assert schedule.monotone((0, 1, 2, 4), (1.0, 2.0, 3.0, 2.5)) == pytest.approx(
       (1.0, 2.0, 2.75, 2.75))
-  assert dynamic.monotone((4, 0, 2), (5.0, 1.0, 3.0)) == (5.0, 1.0, 3.0)  # unsorted, fine
+  assert schedule.monotone((4, 0, 2), (5.0, 1.0, 3.0)) == (5.0, 1.0, 3.0)  # unsorted, fine
 
 
 def test_probes_after_idle_rounds_back_off(target, far_draft):
   """A prior that says "never speculate" still drafts after probe_every idle rounds,
   then after twice as many, and so on: gaps 5, 10, 20, 40."""
-  never = dynamic.AutoK(choices=(0, 2), costs=(1.0, 2.2), prior=0.05, ceiling=0.95,
+  never = schedule.AutoK(choices=(0, 2), costs=(1.0, 2.2), prior=0.05, ceiling=0.95,
                         probe_every=5)
   prompts = ragged_prompts(1, target.vocab_size, seed=9)
   kw = dict(max_new_tokens=60, eos_id=())
@@ -263,10 +291,10 @@ def test_probes_after_idle_rounds_back_off(target, far_draft):
   assert probes == int(np.sum(gaps <= idle)) and probes >= 2, out.rounds_by_k
 
 
-def schedule(costs, accepted, judged, idle=0, gap=64):
+def one_row(costs, accepted, judged, idle=0, gap=64):
   """A one-row schedule with this much evidence."""
   f = lambda x: jnp.asarray([x], jnp.float32)
-  return dynamic.ScheduleState(costs=jnp.asarray(costs, jnp.float32), accepted=f(accepted),
+  return schedule.ScheduleState(costs=jnp.asarray(costs, jnp.float32), accepted=f(accepted),
                                judged=f(judged), synced=jnp.zeros((1,), jnp.int32),
                                idle=jnp.asarray(idle, jnp.int32), gap=jnp.asarray(gap, jnp.int32),
                                rounds=jnp.zeros((len(costs),), jnp.int32),
@@ -278,19 +306,19 @@ def test_choice_credits_only_the_drafts_a_lookup_has():
   """With equal costs (verify as cheap as a step) and two drafts available, K = 2 and
   K = 4 expect the same tokens: the best is K = 2, and a loop already at K = 4 stays
   there. With no drafts, K = 0 is best wherever a K > 0 costs more."""
-  auto = dynamic.AutoK(choices=(0, 1, 2, 4), costs=(1.0,) * 4)
-  sched = schedule((1.0,) * 4, accepted=8.0, judged=10.0)
+  auto = schedule.AutoK(choices=(0, 1, 2, 4), costs=(1.0,) * 4)
+  sched = one_row((1.0,) * 4, accepted=8.0, judged=10.0)
   remaining = jnp.asarray([10], jnp.int32)
   two = jnp.asarray([2], jnp.int32)
-  assert int(dynamic.choose(sched, auto, remaining, two)) == 2
-  assert bool(dynamic.stays(sched, auto, remaining, two, 3))
-  assert not bool(dynamic.stays(sched, auto, remaining, two, 1))  # E[1] / E[2] = 1.8 / 2.44
-  rising = schedule((1.0, 1.5, 1.9, 2.6), accepted=8.0, judged=10.0)
+  assert int(schedule.choose(sched, auto, remaining, two)) == 2
+  assert bool(schedule.stays(sched, auto, remaining, two, 3))
+  assert not bool(schedule.stays(sched, auto, remaining, two, 1))  # E[1] / E[2] = 1.8 / 2.44
+  rising = one_row((1.0, 1.5, 1.9, 2.6), accepted=8.0, judged=10.0)
   none = jnp.asarray([0], jnp.int32)
-  assert int(dynamic.choose(rising, auto, remaining, none)) == 0
-  assert not bool(dynamic.stays(rising, auto, remaining, none, 3))
+  assert int(schedule.choose(rising, auto, remaining, none)) == 0
+  assert not bool(schedule.stays(rising, auto, remaining, none, 3))
   # Without a lookup every K is credited all its drafts.
-  assert int(dynamic.choose(sched, auto, remaining)) == 3
+  assert int(schedule.choose(sched, auto, remaining)) == 3
 
 
 def test_the_critical_row_the_drafts_serve_worst_sets_the_pace():
@@ -298,37 +326,37 @@ def test_the_critical_row_the_drafts_serve_worst_sets_the_pace():
   (a = 0.1): tied for tokens to go, the second sets the batch's pace (K = 0); once it
   is ahead, the first alone is critical (K = 2). A row with no draft this round
   (lookup count 0) gains nothing from any K."""
-  auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.5))
+  auto = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.5))
   f = lambda *x: jnp.asarray(x, jnp.float32)
-  sched = dynamic.ScheduleState(costs=f(1.0, 1.5), accepted=f(90.0, 10.0), judged=f(100.0, 100.0),
+  sched = schedule.ScheduleState(costs=f(1.0, 1.5), accepted=f(90.0, 10.0), judged=f(100.0, 100.0),
                                 synced=jnp.zeros((2,), jnp.int32), idle=jnp.zeros((), jnp.int32),
                                 gap=jnp.asarray(64, jnp.int32), rounds=jnp.zeros((2,), jnp.int32),
                                 counts=jnp.full((2,), 2, jnp.int32), first=jnp.zeros((2,), jnp.int32))
   rem = lambda *x: jnp.asarray(x, jnp.int32)
-  assert int(dynamic.choose(sched, auto, rem(20, 20))) == 0
-  assert int(dynamic.choose(sched, auto, rem(20, 19))) == 1
-  assert int(dynamic.choose(sched, auto, rem(20, -1))) == 1  # the slow row is done
-  assert int(dynamic.choose(sched, auto, rem(20, 19), jnp.asarray([0, 2], jnp.int32))) == 0
+  assert int(schedule.choose(sched, auto, rem(20, 20))) == 0
+  assert int(schedule.choose(sched, auto, rem(20, 19))) == 1
+  assert int(schedule.choose(sched, auto, rem(20, -1))) == 1  # the slow row is done
+  assert int(schedule.choose(sched, auto, rem(20, 19), jnp.asarray([0, 2], jnp.int32))) == 0
 
 
 @pytest.mark.parametrize("margin", [0.0, 0.05])
 def test_switch_margin_keeps_a_near_tie(margin):
   """K = 1 at 97% of K = 2's rate: kept with a 5% margin, left with none; the best K
   is always kept, and a due probe ends a K = 0 phase whatever the margin."""
-  auto = dynamic.AutoK(choices=(0, 1, 2), costs=(1.0, 1.0, 1.0), switch_margin=margin,
+  auto = schedule.AutoK(choices=(0, 1, 2), costs=(1.0, 1.0, 1.0), switch_margin=margin,
                        probe_every=4)
   a = 0.6  # the prior, no evidence: tokens 1, 1.6, 1.96
   costs = (10.0, 1.6 / (0.97 * 1.96), 1.0)  # K = 1's rate is 0.97 of K = 2's
-  sched = schedule(costs, accepted=0.0, judged=0.0)
+  sched = one_row(costs, accepted=0.0, judged=0.0)
   remaining = jnp.asarray([10], jnp.int32)
-  assert auto.prior == a and int(dynamic.choose(sched, auto, remaining)) == 2
-  assert bool(dynamic.stays(sched, auto, remaining, None, 1)) == (margin > 0)
-  assert bool(dynamic.stays(sched, auto, remaining, None, 2))
-  near_plain = schedule((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0)
-  assert int(dynamic.choose(near_plain, auto, remaining)) == 1
-  assert bool(dynamic.stays(near_plain, auto, remaining, None, 0)) == (margin > 0)
-  due = schedule((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0, idle=4, gap=4)
-  assert not bool(dynamic.stays(due, auto, remaining, None, 0))
+  assert auto.prior == a and int(schedule.choose(sched, auto, remaining)) == 2
+  assert bool(schedule.stays(sched, auto, remaining, None, 1)) == (margin > 0)
+  assert bool(schedule.stays(sched, auto, remaining, None, 2))
+  near_plain = one_row((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0)
+  assert int(schedule.choose(near_plain, auto, remaining)) == 1
+  assert bool(schedule.stays(near_plain, auto, remaining, None, 0)) == (margin > 0)
+  due = one_row((1.0, 1.6 / 1.02, 10.0), accepted=0.0, judged=0.0, idle=4, gap=4)
+  assert not bool(schedule.stays(due, auto, remaining, None, 0))
 
 
 @pytest.mark.parametrize("allow", [0, 1, 2])
@@ -338,7 +366,7 @@ def test_evidence_counts_proposed_drafts_only(target, allow):
   from jspec import decode
 
   drafter = CountedLookup(jspec.NGram(vocab_size=64, max_ngram=3), allow)
-  auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.0))
+  auto = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.0))
   tokens = jnp.asarray([[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]], jnp.int32)
   lengths = jnp.asarray([8, 8], jnp.int32)
   config = decode.DecodeConfig(num_draft_tokens=2, cache_length=32)
@@ -391,7 +419,7 @@ def test_plain_rounds_score_a_lookups_first_draft(target):
   sequence[np.arange(3), lengths] = [base[0], (base[1] + 1) % target.vocab_size, base[2]]
   for count, want in [(8, ([1, 1, 1], [1, 0, 1])), (0, ([0, 0, 0], [0, 0, 0]))]:
     drafter = Oracle(jnp.asarray(sequence), target.vocab_size, count)
-    auto = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.0))
+    auto = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.0))
     config = decode.DecodeConfig(num_draft_tokens=2, cache_length=32)
     state = dynamic.init_state(target, drafter, jnp.asarray(tokens), jnp.asarray(lengths),
                                jnp.full((3,), 4, jnp.int32), None, jnp.asarray([-1], jnp.int32),
@@ -414,7 +442,7 @@ def test_plain_rounds_evidence_brings_drafting_back(target):
   for b, p in enumerate(prompts):
     sequence[b, :len(p)] = p
     sequence[b, len(p):len(p) + 40] = np.asarray(base.tokens)[b]
-  shy = dynamic.AutoK(choices=(0, 2), costs=(1.0, 1.5), prior=0.1, probe_every=0)
+  shy = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.5), prior=0.1, probe_every=0)
   out = jspec.speculative_generate(target, Oracle(jnp.asarray(sequence), target.vocab_size),
                                    prompts, num_draft_tokens=shy, **kw)
   np.testing.assert_array_equal(out.tokens, base.tokens)
@@ -433,7 +461,7 @@ def test_sampled_ngram_follows_target_with_plain_round_evidence():
   prompt = (1, 4, 1, 4)
   exact = enumeration.exact_distribution(target, 1.0, 0, prompt)
   # At the prior 0.3, K = 1's rate 1.3 / 1.4 < 1; after one hit (a = 0.65), 1.65 / 1.4.
-  auto = dynamic.AutoK(choices=(0, 1), costs=(1.0, 1.4), prior=0.3, prior_weight=1.0,
+  auto = schedule.AutoK(choices=(0, 1), costs=(1.0, 1.4), prior=0.3, prior_weight=1.0,
                        probe_every=0)
   ngram = jspec.NGram(vocab_size=enumeration.V, max_ngram=2)
   lengths = [enumeration.NEW + 1] + [enumeration.NEW] * (enumeration.ROWS - 1)

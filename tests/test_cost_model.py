@@ -1,0 +1,100 @@
+"""The prior of round costs (`jspec.cost_model`) and the choice of compiled K
+(`jspec.schedule.select`): host-side arithmetic on made-up device rates."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import jspec
+from conftest import tiny_config
+from jspec import cost_model, schedule
+from jspec.models import transformer
+
+# A CPU-like device: 20 GB/s, compute that grows slowly with rows (a 5-row product
+# costs about 2.5x one row of a model that streams at 20 GB/s).
+CPU = cost_model.DeviceRates(bandwidth=20e9, rows=(1, 2, 4, 8, 64, 512),
+                             compute=(10e9, 14e9, 20e9, 30e9, 120e9, 170e9))
+# An accelerator-like one: 4 TB/s and compute far beyond what a few rows need.
+GPU = cost_model.DeviceRates(bandwidth=4e12, rows=(1, 512), compute=(2e12, 5e14))
+
+
+@pytest.fixture(scope="module")
+def target():
+  return transformer.init(tiny_config(64, layers=2, hidden=64, tie=True), seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+  return transformer.init(tiny_config(64, layers=1, hidden=32), seed=1)
+
+
+def test_rates_interpolate_in_log_rows():
+  assert CPU.flops_rate(1) == 10e9 and CPU.flops_rate(512) == 170e9
+  assert CPU.flops_rate(3) == pytest.approx(14e9 + (20e9 - 14e9) * np.log(1.5) / np.log(2))
+  assert CPU.flops_rate(1000) == 170e9  # flat past the last count
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_prior_costs_follow_bytes_and_flops(target, draft, batch):
+  ks = (0, 1, 2, 4, 6)
+  ngram = jspec.NGram(target.vocab_size)
+  cpu = cost_model.prior_costs(target, ngram, batch, 128, ks, CPU)
+  gpu = cost_model.prior_costs(target, ngram, batch, 128, ks, GPU)
+  assert all(c > 0 for c in cpu) and list(cpu) == sorted(cpu)
+  # On the CPU the verify is compute-bound: K = 4 costs well over a step; on the
+  # accelerator a few rows are free (the same weights streamed once).
+  assert cpu[3] / cpu[0] > (1.5 if batch == 1 else 1.2)
+  assert gpu[1] / gpu[0] < 1.05
+  # A draft model pays K steps of its own; a lookup drafter nothing.
+  with_model = cost_model.prior_costs(target, jspec.DraftModel(draft), batch, 128, ks, CPU)
+  assert with_model[0] == cpu[0] and all(m > c for m, c in zip(with_model[1:], cpu[1:]))
+  step = cost_model.call_time(draft, batch, 1, 128, CPU)
+  assert with_model[2] - cpu[2] == pytest.approx(2 * step, rel=1e-6)
+
+
+def test_weight_bytes_count_a_tied_embedding_once(target):
+  w_bytes, _ = cost_model._streamed(target)
+  total = sum(x.nbytes for x in jax.tree_util.tree_leaves(target.params))
+  assert target.head().lm_head is None and w_bytes == total  # tied: the embedding is the head
+  untied = transformer.init(tiny_config(64, layers=1, hidden=32), seed=1)
+  w_bytes, _ = cost_model._streamed(untied)
+  total = sum(x.nbytes for x in jax.tree_util.tree_leaves(untied.params))
+  assert w_bytes == total - untied.params["embed"].nbytes  # a lookup reads a few rows
+
+
+def test_device_rates_are_measured_once_per_machine(tmp_path, monkeypatch):
+  calls = []
+
+  def fake(cls, repeats=2):
+    calls.append(1)
+    return CPU
+
+  monkeypatch.setattr(cost_model.DeviceRates, "measure", classmethod(fake))
+  assert cost_model.device_rates(str(tmp_path)) == CPU
+  assert cost_model.device_rates(str(tmp_path)) == CPU
+  assert len(calls) == 1
+  saved = json.loads((tmp_path / "device.json").read_text())
+  assert list(saved) == [json.dumps(cost_model.machine())]
+  (tmp_path / "device.json").write_text("{damaged")
+  assert cost_model.device_rates(str(tmp_path)) == CPU and len(calls) == 2
+
+
+def test_select_keeps_zero_and_the_k_that_win_most():
+  auto = schedule.AutoK(choices=(0, 1, 2, 3, 4, 6), variants=3)
+  # Rounds as on a small CPU: each draft adds a good part of a step.
+  costs = (1.0, 1.4, 1.7, 2.0, 2.3, 2.9)
+  ks, cs = schedule.select(auto, costs)
+  assert len(ks) == 3 and ks[0] == 0 and cs == tuple(costs[auto.choices.index(k)] for k in ks)
+  # Every kept K is the best of all six at some acceptance in [0, ceiling].
+  grid = np.linspace(0, auto.ceiling, 200)
+  rate = schedule.expected_tokens(grid[:, None], np.asarray(auto.choices, float)[None]) \
+      / np.asarray(costs)[None]
+  best = {auto.choices[i] for i in np.argmax(rate, axis=1)}
+  assert set(ks) <= best
+  # Fewer worthwhile choices than variants: all of them, unchanged.
+  assert schedule.select(schedule.AutoK(choices=(0, 2, 4)), (1.0, 1.5, 2.0)) == (
+      (0, 2, 4), (1.0, 1.5, 2.0))
+  with pytest.raises(ValueError, match="variants"):
+    schedule.AutoK(variants=1)
