@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     print(f"checkpoint {size / mb:.0f} MiB ({args.dtype}, {args.shards} file(s)) in {path}")
     print(f"baseline (import jspec + CPU backend): {base / mb:.0f} MiB peak RSS")
     native = os.path.join(path, "native")
-    subprocess.run([sys.executable, "-m", "jspec.cli", "convert", path, native], check=True,
+    subprocess.run([sys.executable, "-m", "jspec.tools.cli", "convert", path, native], check=True,
                    stdout=subprocess.DEVNULL)
     for name, src in (("Hugging Face", path), ("native", native)):
       peak, out = peak_rss(LOAD, src)

@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jspec
-from jspec import costs
-from jspec.drafter import DraftContext
-from jspec.ngram import NGram
+from jspec.tools import costs
+from jspec.core.drafter import DraftContext
+from jspec.drafters.ngram import NGram
 
-CACHE_BUCKET = 128  # as jspec.api: the program's cache length for the matcher timing
+CACHE_BUCKET = 128  # as jspec.core.api: the program's cache length for the matcher timing
 
 
 def load_target(args) -> jspec.Model:

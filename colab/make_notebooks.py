@@ -115,7 +115,7 @@ HELPERS = '''\
 import dataclasses
 
 import jax.numpy as jnp
-from jspec import sharding
+from jspec.core import sharding
 from jspec.models import shipped
 
 # Every device on the mesh's `model` axis: the target is split tensor-parallel over them
@@ -338,7 +338,7 @@ step, so the speedup approaches tau less the draft's cost. The shipped CPU model
 that (a 5-token verify costs about twice a step on a CPU), so expect a speedup near 1x there:
 the fallback shows exactness and acceptance, not speed.'''),
     code('''\
-from jspec import costs
+from jspec.tools import costs
 
 spec = outputs["speculative"]
 emitted = sum(int(o.lengths[0]) for o in spec)
@@ -419,7 +419,8 @@ import dataclasses
 import time
 
 import numpy as np
-from jspec import costs, sharding
+from jspec.core import sharding
+from jspec.tools import costs
 from jspec.models import corpus, shipped
 from jspec.models import train as T
 
@@ -620,7 +621,7 @@ MEASURE = [
 # Measure acceptance and speedup on your own prompts
 
 Speculative decoding is exact, but whether it is faster depends on the model pair, the prompts,
-the batch size and the hardware. `jspec.measure.measure` runs your prompts for each K in a sweep,
+the batch size and the hardware. `jspec.tools.measure.measure` runs your prompts for each K in a sweep,
 in one process, after compilation, and reports:
 
 * acceptance per draft position and overall (alpha), and tau, the tokens per target call;
@@ -648,7 +649,7 @@ format `jspec measure --prompts` reads, and read back from it.'''),
     code('''\
 import json
 
-from jspec import measure
+from jspec.tools import measure
 
 MY_PROMPTS = []  # e.g. ["Summarise this paragraph: ...", "Write a unit test for ..."]
 

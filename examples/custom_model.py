@@ -9,7 +9,7 @@ constructor (docs/model_contract.md):
 
 This file implements it for a small one-layer attention language model, first
 in plain JAX (`apply`, `init_cache` below, wrapped with `jspec.Model`), then as
-a Flax Linen module (`LinenLM`, wrapped with `jspec.linen.from_linen`). Each
+a Flax Linen module (`LinenLM`, wrapped with `jspec.io.linen.from_linen`). Each
 keeps its K/V in a layout of its own choosing; the engine never looks inside.
 Both are checked the way you would check yours: greedy `jspec.generate` and
 `jspec.speculative_generate` must equal a plain argmax loop over full forward
@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 import jspec
-import jspec.linen
+import jspec.io.linen
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -221,7 +221,7 @@ def make_linen_model(module: LinenLM, seed: int = 0) -> jspec.Model:
   # One compiled init instead of many small eager ops.
   variables = jax.jit(module.init)(jax.random.key(seed), tokens, None,
                                    jnp.zeros((1,), jnp.int32))
-  return jspec.linen.from_linen(module, variables, head=linen_head)
+  return jspec.io.linen.from_linen(module, variables, head=linen_head)
 
 
 def linen_head(variables) -> jspec.OutputHead:

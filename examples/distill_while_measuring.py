@@ -5,7 +5,7 @@ draft `jspec.models.Transformer` is distilled from it with optax on the forward
 KL (`jspec.models.train.distill_loss`). Every `eval_every` steps one jitted
 eval step takes the draft's NNX state as a traced argument, rebuilds the draft
 as a `jspec.Model` inside the trace, runs speculative decoding of held-out
-prompts with the target (`jspec.decode.init_state` + `decode_loop`) and returns
+prompts with the target (`jspec.core.decode.init_state` + `decode_loop`) and returns
 the acceptance rate from the loop's `DecodeStats`, all on the device. The
 draft's parameters never leave it: an evaluation fetches two scalars.
 
@@ -30,8 +30,8 @@ import numpy as np
 from flax import nnx
 
 import jspec
-import jspec.nnx
-from jspec import decode
+import jspec.io.nnx
+from jspec.core import decode
 from jspec.models import Transformer, TransformerConfig, corpus, train
 
 
@@ -84,7 +84,7 @@ def train_target(s: Settings, stream: np.ndarray) -> jspec.Model:
   return train.train(target_config(s), cfg, batches, progress=False).module.to_model()
 
 
-def acceptance_rate(stats: jspec.DecodeStats) -> jax.Array:
+def acceptance_rate(stats: jspec.core.decode.DecodeStats) -> jax.Array:
   """alpha = accepted / judged drafts from the loop's histogram, as a device scalar."""
   hist = stats.accept_hist  # [K+1] rounds by accepted count n
   K = hist.shape[0] - 1
@@ -105,13 +105,13 @@ def make_eval_step(graphdef: nnx.GraphDef, *, num_draft_tokens: int, cache_lengt
   numbers and differ only by the draft. `on_trace` is called each time the
   function is traced (tests count compilations with it).
   """
-  config = jspec.DecodeConfig(num_draft_tokens=num_draft_tokens, cache_length=cache_length)
+  config = jspec.core.decode.DecodeConfig(num_draft_tokens=num_draft_tokens, cache_length=cache_length)
 
   @jax.jit
   def eval_step(draft_state, target: jspec.Model, prompts, prompt_lengths, max_new_tokens):
     if on_trace is not None:
       on_trace()
-    draft = jspec.nnx.model_from_state(graphdef, draft_state)  # traced params, no copy
+    draft = jspec.io.nnx.model_from_state(graphdef, draft_state)  # traced params, no copy
     drafter = jspec.DraftModel(draft)
     B = prompts.shape[0]
     params = None  # static: every row greedy

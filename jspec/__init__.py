@@ -4,42 +4,45 @@ A cheap drafter proposes K tokens, the target model verifies them in one
 forward pass, and a vectorised rejection sampler keeps the longest acceptable
 run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
+
+The package, in layers (docs/architecture.md):
+
+    jspec.core      the model contract, decode state, rounds, acceptance, the loops
+    jspec.drafters  draft model, n-gram, datastore, Medusa, EAGLE
+    jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
+    jspec.tools     the command line, measurement, benchmarks, profiles
+    jspec.models    the model zoo (reference decoder, converters, training)
+
+The names below are what most users need; everything else lives in those packages.
 """
 
-from jspec import acceptance, decode, eagle, medusa, sampling, sharding, tree
-from jspec.decode import DecodeConfig, DecodeState, DecodeStats
-from jspec.draft_model import DraftModel
-from jspec.schedule import AutoK
-from jspec.drafter import DraftContext, Drafter
-from jspec.api import GenerateOutput, generate, speculative_generate
-from jspec.checkpoint import load, save
-from jspec.datastore import Datastore
-from jspec.model import Model, OutputHead
-from jspec.ngram import NGram
-from jspec.sampling import SamplingParams
-from jspec.text import generate_text
-from jspec.tokenizer import Tokenizer
-from jspec.tree import Tree
-from jspec.eagle import Eagle, EagleConfig, load_eagle, save_eagle
-from jspec.medusa import Medusa, load_medusa, save_medusa
+from jspec.core.api import generate, speculative_generate
+from jspec.core.drafter import Drafter
+from jspec.core.model import Model, OutputHead
+from jspec.core.sampling import SamplingParams
+from jspec.core.schedule import AutoK
+from jspec.core.tree import Tree
+from jspec.drafters.datastore import Datastore
+from jspec.drafters.draft_model import DraftModel
+from jspec.drafters.eagle import Eagle, EagleConfig
+from jspec.drafters.medusa import Medusa
+from jspec.drafters.ngram import NGram
+from jspec.io.checkpoint import load, save
+from jspec.io.text import generate_text
+from jspec.io.tokenizer import Tokenizer
 
+from jspec import core, drafters, io, tools  # noqa: E402  (the layers, as namespaces)
 from jspec import models  # noqa: E402  (the model zoo, installed from models/)
-from jspec import linen, nnx  # noqa: E402  (Flax adapters: Linen modules, NNX state in jit)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoK",
-    "DecodeConfig",
-    "DecodeState",
-    "DecodeStats",
     "Datastore",
-    "DraftContext",
     "DraftModel",
+    "Drafter",
     "Eagle",
     "EagleConfig",
-    "Drafter",
-    "GenerateOutput",
     "Medusa",
     "Model",
     "NGram",
@@ -47,23 +50,9 @@ __all__ = [
     "SamplingParams",
     "Tokenizer",
     "Tree",
-    "acceptance",
-    "decode",
-    "eagle",
     "generate",
     "generate_text",
-    "linen",
-    "medusa",
     "load",
-    "load_eagle",
-    "load_medusa",
-    "models",
-    "nnx",
-    "sampling",
-    "sharding",
     "save",
-    "save_eagle",
-    "save_medusa",
     "speculative_generate",
-    "tree",
 ]

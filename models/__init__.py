@@ -2,10 +2,10 @@
 
 Installed as `jspec.models`. The engine and the drafters never import from here
 (`tests/test_layering.py`); these modules produce `jspec.Model` objects the engine
-consumes, built from the blocks in `jspec.nn`.
+consumes, built from the blocks in `jspec.core.nn`.
 """
 
-from jspec.nn import (
+from jspec.core.nn import (
     DenseMLP,
     GatedMLP,
     LayerNorm,

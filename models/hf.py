@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.nn import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
+from jspec.core.nn import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
                                  Llama3Scaling, RMSNorm, Rotary)
 from jspec.models.transformer import (FULL, SLIDING, TransformerConfig, init_params,
                                       logical_axes, make_model)
@@ -370,7 +370,7 @@ def load_hf(path: str, dtype=None, layout=None):
 
   dtype: the params' dtype (e.g. jnp.bfloat16 on TPU/GPU, jnp.float32 on CPU);
   None keeps the checkpoint's own.
-  layout: optional `jspec.sharding.Layout`; each param is placed with its
+  layout: optional `jspec.core.sharding.Layout`; each param is placed with its
   sharding as soon as it has been read, before the next one is read.
   """
   cfg = read_config(path)

@@ -194,7 +194,7 @@ def demo_prompts(docs, count: int = 6, context_lines: int = 12) -> list[str]:
 
 
 def _tokenizer(run: Run):
-  from jspec.tokenizer import load_tokenizer
+  from jspec.io.tokenizer import load_tokenizer
   info = run.log["data"]["result"]
   return load_tokenizer(run.path("tokenizer"), eos_ids=[info["eot_id"]])
 
@@ -216,7 +216,7 @@ def _text_batches(stream, cfg: TrainConfig):
 
 def _train_stage(run: Run, name: str, config, cfg: TrainConfig, batch_fn, loss_fn=None,
                  teacher=None, init_from: str | None = None):
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   from jspec.models import train as T
 
   init_params = None
@@ -237,7 +237,7 @@ def _train_stage(run: Run, name: str, config, cfg: TrainConfig, batch_fn, loss_f
 
 
 def _load(run: Run, name: str, dtype="float32"):
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   return checkpoint.load(run.path("models", name), dtype=dtype)
 
 
@@ -287,7 +287,7 @@ def acceptance(target, draft, prompts: np.ndarray, k: int = ACCEPT_K,
   tau: tokens per target call; draft_accept: accepted / proposed (= E[n] / K).
   """
   import jspec
-  from jspec import costs
+  from jspec.tools import costs
 
   out = jspec.speculative_generate(target, draft, prompts.tolist(), num_draft_tokens=k,
                                    max_new_tokens=new_tokens, eos_id=())
@@ -308,7 +308,7 @@ def _accept_prompts(run: Run) -> np.ndarray:
 
 def _stage_export(run: Run):
   """bf16 copies in `out`, evaluated as shipped (bf16 weights, f32 compute)."""
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   from jspec.models import train as T
 
   os.makedirs(run.out, exist_ok=True)

@@ -3,8 +3,8 @@
     code-target       5.3M-parameter decoder trained on the CPython standard library
     code-draft        1.5M-parameter draft, distilled from code-target (DistillSpec)
     code-draft-text   the same draft trained on text only (the undistilled baseline)
-    code-medusa       Medusa heads for code-target (jspec.medusa)
-    code-eagle        an EAGLE head for code-target (jspec.eagle)
+    code-medusa       Medusa heads for code-target (jspec.drafters.medusa)
+    code-eagle        an EAGLE head for code-target (jspec.drafters.eagle)
     heldout.npz       held-out evaluation windows and prompts (token ids)
     demo_prompts.json held-out code prompts as text
 
@@ -44,7 +44,7 @@ def checkpoints_dir(path: str | None = None) -> str:
 
 def load(name: str = TARGET, dtype="float32", path: str | None = None):
   """A shipped model as a `jspec.Model` (with tokenizer and EOS id)."""
-  from jspec import checkpoint
+  from jspec.io import checkpoint
 
   return checkpoint.load(os.path.join(checkpoints_dir(path), name), dtype=dtype)
 
@@ -52,7 +52,7 @@ def load(name: str = TARGET, dtype="float32", path: str | None = None):
 def load_heads(target, names=(MEDUSA, EAGLE), path: str | None = None) -> dict:
   """The shipped self-drafting heads for `target` (the shipped code-target) as drafters,
   {"medusa": jspec.Medusa, "eagle": jspec.Eagle}, for those present."""
-  from jspec import eagle, medusa
+  from jspec.drafters import eagle, medusa
 
   loaders = {MEDUSA: ("medusa", medusa.load_medusa), EAGLE: ("eagle", eagle.load_eagle)}
   root = checkpoints_dir(path)

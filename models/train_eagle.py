@@ -1,4 +1,4 @@
-"""Training an EAGLE head (`jspec.eagle`) for a frozen target, with optax.
+"""Training an EAGLE head (`jspec.drafters.eagle`) for a frozen target, with optax.
 
     python -m jspec.models.train_eagle --out checkpoints/code-eagle   # the shipped head
 
@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jspec import eagle as E
-from jspec.drafter import DraftContext
+from jspec.drafters import eagle as E
+from jspec.core.drafter import DraftContext
 from jspec.models.train import _read_history, _write_history
 
 ACCEPT_K = 4
@@ -189,10 +189,10 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
   prefix, n = the drafts' matching run, L += n + 1. The target's features come
   from one forward pass over prompt + continuation (what the verify calls
   compute, up to float rounding). Returns tau (tokens per target call), alpha,
-  draft_accept and the histogram, as `jspec.costs.acceptance_rates`.
+  draft_accept and the histogram, as `jspec.tools.costs.acceptance_rates`.
   """
   import jspec
-  from jspec import costs
+  from jspec.tools import costs
 
   prompts = np.asarray(prompts, np.int32)
   N, P = prompts.shape
@@ -245,7 +245,7 @@ def engine_acceptance(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCE
   """Greedy acceptance through `jspec.speculative_generate` (a chain of K = k, or `tree`),
   and whether the output equals the target's own greedy output."""
   import jspec
-  from jspec import costs
+  from jspec.tools import costs
 
   kwargs = {"tree": tree} if tree is not None else {"num_draft_tokens": k}
   out = jspec.speculative_generate(target, eagle, np.asarray(prompts).tolist(),
@@ -408,7 +408,7 @@ def train_stream(work: str, tokenizer) -> tuple[np.ndarray, dict]:
 
 def main(argv=None) -> int:
   """Command line of `python -m jspec.models.train_eagle`."""
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   from jspec.models import corpus, recipe, shipped
 
   parser = argparse.ArgumentParser(prog="python -m jspec.models.train_eagle",
@@ -476,7 +476,7 @@ def main(argv=None) -> int:
   t_eval = time.perf_counter()
   held_metrics = evaluate(eagle, target, heldout_windows)
   replay = replay_greedy(target, eagle, prompts)
-  from jspec.tree import Tree
+  from jspec.core.tree import Tree
 
   engine = {name: engine_acceptance(target, eagle, prompts, tree=tree)
             for name, tree in (("chain", None), ("tree", Tree.from_paths(TREE_PATHS)))}

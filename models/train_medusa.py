@@ -1,4 +1,4 @@
-"""Training Medusa heads (`jspec.medusa`) for a frozen target by self-distillation.
+"""Training Medusa heads (`jspec.drafters.medusa`) for a frozen target by self-distillation.
 
     python -m jspec.models.train_medusa --out checkpoints/code-medusa   # the shipped heads
 
@@ -44,7 +44,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from jspec import medusa
+from jspec.drafters import medusa
 from jspec.models import corpus
 
 # The shipped run: about 10 minutes on 2 CPU cores (400k target tokens). A 60-step
@@ -274,7 +274,7 @@ def train_medusa(target, steps: int = STEPS, batch: int = BATCH, seq_len: int = 
     target: a TransformerConfig `jspec.Model` carrying its tokenizer (unless `data`).
     steps, batch, seq_len, lr, warmup, weight_decay, seed: the optimisation (batches are
       windows seeded by (seed, step)).
-    out: directory for the heads (`jspec.medusa.save_medusa`, cast to `stored_dtype`)
+    out: directory for the heads (`jspec.drafters.medusa.save_medusa`, cast to `stored_dtype`)
       and manifest.json; None saves nothing.
     data: (train, heldout) token streams; None tokenises the corpus with the target's
       tokenizer (cached in `work`).
@@ -357,7 +357,7 @@ def train_medusa(target, steps: int = STEPS, batch: int = BATCH, seq_len: int = 
   config = {"num_heads": num_heads, "hidden_size": D, "vocab_size": target.vocab_size}
   manifest = {
       "name": os.path.basename(out) if out else "medusa",
-      "role": "Medusa heads (jspec.medusa) for " + (target_name or "the target"),
+      "role": "Medusa heads (jspec.drafters.medusa) for " + (target_name or "the target"),
       "target": target_name,
       "target_parameters": int(sum(x.size for x in jax.tree_util.tree_leaves(target.params))),
       "heads": dict(config, parameters=num_heads * (D * D + D),
@@ -455,7 +455,7 @@ def main(argv=None) -> int:
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
 
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   from jspec.models import shipped
 
   if args.target is None:

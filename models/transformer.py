@@ -2,7 +2,7 @@
 
 Default options give Llama (RMSNorm, rotary embeddings with configurable theta,
 grouped-query attention, SwiGLU MLP, tied or untied embeddings). Small option
-types (`jspec/nn.py`) and a few fields that mirror Hugging Face config fields
+types (`jspec/core/nn.py`) and a few fields that mirror Hugging Face config fields
 cover Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Gemma (GeGLU, (1 + w) norms,
 scaled embeddings), Gemma 2 (soft-capping, sliding-window layers, post norms) and
 GPT-2 (learned positions, LayerNorm, GELU MLP, biases). The config speaks Hugging
@@ -82,9 +82,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from jspec.model import Model, OutputHead
-from jspec import nn as layers
-from jspec.nn import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
+from jspec.core.model import Model, OutputHead
+from jspec.core import nn as layers
+from jspec.core.nn import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -453,7 +453,7 @@ class Transformer(nnx.Module):
 
 
 def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
-  """Logical axis names of every param and cache dimension (jspec/sharding.py)."""
+  """Logical axis names of every param and cache dimension (jspec/core/sharding.py)."""
   params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   by_name = {
       "embed": ("vocab", "embed"), "pos_embed": ("sequence", "embed"),

@@ -27,7 +27,7 @@ if MODE == "process":
 import numpy as np  # noqa: E402
 
 import jspec  # noqa: E402
-from jspec import sharding  # noqa: E402
+from jspec.core import sharding  # noqa: E402
 
 CONFIG = jspec.models.TransformerConfig(
     vocab_size=256, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
@@ -55,7 +55,7 @@ def runs(mesh):
                                                  **kw, **SAMPLED),
   }
   try:
-    from jspec.ngram import NGram
+    from jspec.drafters.ngram import NGram
   except ImportError:
     NGram = None
   if NGram is not None:
@@ -79,7 +79,7 @@ def param_bytes(mesh):
 def load_sharded(mesh):
   """jspec.load(mesh=...) places params shard by shard, from both checkpoint formats."""
   import tempfile
-  from jspec import checkpoint
+  from jspec.io import checkpoint
   target = jspec.models.init(CONFIG, seed=0)
   tokens = np.asarray([PROMPTS[1]], np.int32)
   want = np.asarray(target.logits(tokens))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec import acceptance, sampling
+from jspec.core import acceptance, sampling
 from reference import assert_counts_match, chi_square_ok
 
 N = 200_000

@@ -15,7 +15,7 @@ import pytest
 
 import jspec
 from conftest import tiny_config
-from jspec import bench
+from jspec.tools import bench, bench_report, bench_timing
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
     assert json.load(f)["k_sweep"]["rows"].keys() == rows.keys()
   assert sorted(os.path.basename(p) for p in report["figures"]) == [
       "speedup_vs_batch.png", "speedup_vs_k.png"]
-  text = bench.summary(report)
+  text = bench_report.summary(report)
   assert "draft@auto" in text and "floor" in text
   # Redoing one section keeps the others from the last run's bench.json.
   again = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"), sections=("floor",))
@@ -96,12 +96,12 @@ def test_transformers_side_same_weights(pair):
 def test_heads_section(pair, tmp_path):
   """The heads section runs chains and trees side by side, picks each tree from the
   chain's acceptance, reproduces the baseline's greedy tokens, and summarises."""
-  from jspec import bench_heads
+  from jspec.tools import bench_heads
   target, draft = pair
   s = bench.Settings(batches=(1,), ks=(2,), k=2, max_new_tokens=6, repeats=1,
                      transformers=False, steady_tokens=16)
-  eagle = jspec.eagle.Eagle.from_target(
-      target, jspec.eagle.init_params(jspec.eagle.EagleConfig.for_target(target.config),
+  eagle = jspec.drafters.eagle.Eagle.from_target(
+      target, jspec.drafters.eagle.init_params(jspec.drafters.eagle.EagleConfig.for_target(target.config),
                                       jax.random.key(0)))
   report = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"), sections=("heads",),
                      self_drafters={"eagle": eagle})
@@ -111,11 +111,11 @@ def test_heads_section(pair, tmp_path):
     assert r["equal_to_baseline"], name
     assert 1.0 <= r["tau"] <= 3.0 + 1e-6 or "tree" in name
   assert rows["draft tree"]["nodes"] == 16
-  assert "draft tree" in bench.summary(report)
+  assert "draft tree" in bench_report.summary(report)
 
 
 def test_accuracy_table_from_acceptance():
-  from jspec import bench_heads
+  from jspec.tools import bench_heads
   # 10 rounds: 4 stopped at 0, 3 at 1, 3 accepted both drafts.
   a = bench_heads.depth_acceptance([4, 3, 3])
   np.testing.assert_allclose(a, [6 / 10, 3 / 6])
@@ -129,7 +129,8 @@ def test_device_report_costs_and_breakeven(pair):
   """The accelerator mode's report, on the CPU: what it derives follows from what it timed."""
   target, draft = pair
   s = bench.Settings(k=2, repeats=1)
-  report = bench.device_report(target, draft, batches=(1, 2), ks=(1, 2), s=s, prompt_length=8)
+  report = bench_timing.device_report(target, draft, batches=(1, 2), ks=(1, 2), s=s,
+                                      prompt_length=8)
   assert set(report) == {"1", "2"}
   for row in report.values():
     assert row["step_ms"] > 0 and row["loop_step_ms"] > 0 and row["draft_over_step"] > 0
@@ -148,7 +149,7 @@ def test_loop_round_time_counts_rounds(pair, monkeypatch):
   the target as its own draft (greedy, so every draft is accepted) a K = 2 round emits
   3 tokens, and the rounds, not the tokens, divide."""
   target, _ = pair
-  real = bench.side_by_side
+  real = bench_timing.side_by_side
 
   def fixed_times(calls, repeats):  # real runs (for the round counts), chosen times
     res = real(calls, repeats)
@@ -156,17 +157,17 @@ def test_loop_round_time_counts_rounds(pair, monkeypatch):
       r["times"] = [1.0] if length == "long" else [0.4]
     return res
 
-  monkeypatch.setattr(bench, "side_by_side", fixed_times)
+  monkeypatch.setattr(bench_timing, "side_by_side", fixed_times)
   prompt = [1, 2, 3, 4]
   rounds = lambda n: int(jspec.speculative_generate(
       target, jspec.DraftModel(target), [prompt], num_draft_tokens=2, max_new_tokens=n,
       eos_id=()).stats.target_calls[0])
   extra = rounds(24) - rounds(6)
   assert extra in (6, 7)  # 18 more tokens at 3 per round, give or take the last round
-  spec = bench.loop_round_time(target, jspec.DraftModel(target), [prompt], 2, new_tokens=24,
-                               repeats=1)
+  spec = bench_timing.loop_round_time(target, jspec.DraftModel(target), [prompt], 2,
+                                      new_tokens=24, repeats=1)
   assert spec == pytest.approx(0.6 / extra)
-  assert bench.loop_round_time(target, None, [prompt], 0, new_tokens=24,
-                               repeats=1) == pytest.approx(0.6 / 18)
+  assert bench_timing.loop_round_time(target, None, [prompt], 0, new_tokens=24,
+                                      repeats=1) == pytest.approx(0.6 / 18)
   with pytest.raises(ValueError, match="new_tokens >= 2"):
-    bench.loop_round_time(target, None, [prompt], 0, new_tokens=1)
+    bench_timing.loop_round_time(target, None, [prompt], 0, new_tokens=1)

@@ -18,7 +18,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 import jspec  # noqa: E402
-from jspec import bench_real  # noqa: E402
+from jspec.tools import bench_real, real_report, real_sections  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS = 64, 32, 2, 4, 2
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'"
@@ -162,8 +162,8 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
 
   with open(out / bench_real.REPORT) as f:
     assert set(json.load(f)) >= {"ngram", "batch", "floor", "verify", "settings", "prompts"}
-  assert [os.path.basename(p) for p in report["figures"]] == [bench_real.FIGURE]
-  text = bench_real.summary(report)
+  assert [os.path.basename(p) for p in report["figures"]] == [real_report.FIGURE]
+  text = real_report.summary(report)
   assert "ngram@2" in text and "floor, float32" in text and "verify of 3 tokens" in text
 
   # A section run alone keeps the others from the last report.
@@ -174,12 +174,12 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
 
   # Answers that part: the leading run and the top-2 logit gap where they part.
   kind, ids = prompts[1]
-  [row] = bench_real._agreement(target, [(kind, ids)], [[5, 6, 7, 8]], [[5, 6, 9]], 64)
+  [row] = real_sections._agreement(target, [(kind, ids)], [[5, 6, 7, 8]], [[5, 6, 9]], 64)
   assert row["leading_equal"] == 2 and not row["identical"]
   assert row["top2_gap_at_divergence"] >= 0
 
 
 def test_leading_agreement():
-  assert bench_real.leading_agreement([1, 2, 3], [1, 2, 4, 5]) == 2
-  assert bench_real.leading_agreement([1, 2], [1, 2, 3]) == 2
-  assert bench_real.leading_agreement([], [7]) == 0
+  assert real_sections.leading_agreement([1, 2, 3], [1, 2, 4, 5]) == 2
+  assert real_sections.leading_agreement([1, 2], [1, 2, 3]) == 2
+  assert real_sections.leading_agreement([], [7]) == 0

@@ -13,7 +13,8 @@ import pytest
 
 import jspec
 from conftest import tiny_config
-from jspec import checkpoint, cli
+from jspec.io import checkpoint
+from jspec.tools import cli
 from test_tokenizer import word_level
 
 V = 40

@@ -1,5 +1,5 @@
-"""The prior of round costs (`jspec.cost_model`) and the choice of compiled K
-(`jspec.schedule.select`): host-side arithmetic on made-up device rates."""
+"""The prior of round costs (`jspec.core.cost_model`) and the choice of compiled K
+(`jspec.core.schedule.select`): host-side arithmetic on made-up device rates."""
 
 import json
 
@@ -9,7 +9,8 @@ import pytest
 
 import jspec
 from conftest import tiny_config
-from jspec import cost_model, schedule
+from jspec.core import schedule
+from jspec.core import cost_model
 from jspec.models import transformer
 
 # A CPU-like device: 20 GB/s, compute that grows slowly with rows (a 5-row product
@@ -98,3 +99,11 @@ def test_select_keeps_zero_and_the_k_that_win_most():
       (0, 2, 4), (1.0, 1.5, 2.0))
   with pytest.raises(ValueError, match="variants"):
     schedule.AutoK(variants=1)
+
+
+def test_the_device_probe_measures_sane_rates():
+  rates = cost_model.DeviceRates.measure(repeats=1)
+  assert rates.rows == cost_model.ROWS and rates.bandwidth > 1e9
+  assert all(c > 0 for c in rates.compute)
+  # More rows per streamed byte: the rate rises from one row to many.
+  assert rates.compute[-1] > 4 * rates.compute[0]

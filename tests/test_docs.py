@@ -18,27 +18,29 @@ DOCS = ROOT / "docs"
 # Modules whose public functions and classes (those defined in the module itself) must carry
 # docstrings, besides everything reachable from `jspec.__all__`.
 MODULES = (
-    "jspec.acceptance",
-    "jspec.api",
-    "jspec.checkpoint",
-    "jspec.costs",
-    "jspec.datastore",
-    "jspec.decode",
-    "jspec.draft_model",
-    "jspec.dynamic",
-    "jspec.bench",
-    "jspec.drafter",
-    "jspec.measure",
-    "jspec.model",
-    "jspec.ngram",
-    "jspec.sampling",
-    "jspec.sharding",
-    "jspec.text",
-    "jspec.tokenizer",
+    "jspec.core.acceptance",
+    "jspec.core.api",
+    "jspec.io.checkpoint",
+    "jspec.tools.costs",
+    "jspec.drafters.datastore",
+    "jspec.core.decode",
+    "jspec.drafters.draft_model",
+    "jspec.core.dynamic",
+    "jspec.tools.bench",
+    "jspec.tools.bench_report",
+    "jspec.tools.bench_timing",
+    "jspec.core.drafter",
+    "jspec.tools.measure",
+    "jspec.core.model",
+    "jspec.drafters.ngram",
+    "jspec.core.sampling",
+    "jspec.core.sharding",
+    "jspec.io.text",
+    "jspec.io.tokenizer",
     "jspec.models",
     "jspec.models.corpus",
     "jspec.models.hf",
-    "jspec.nn",
+    "jspec.core.nn",
     "jspec.models.recipe",
     "jspec.models.shipped",
     "jspec.models.train",
@@ -143,8 +145,8 @@ def test_docstring_check_sees_what_it_should():
   labels = set()
   for module_name in MODULES:
     labels.update(_module_names(module_name))
-  for name in ("jspec.decode.decode_round", "jspec.sharding.Layout", "jspec.models.init_params",
-               "jspec.costs.ideal_speedup", "jspec.models.train.train"):
+  for name in ("jspec.core.decode.decode_round", "jspec.core.sharding.Layout", "jspec.models.init_params",
+               "jspec.tools.costs.ideal_speedup", "jspec.models.train.train"):
     assert name in labels, name
 
   @dataclasses.dataclass

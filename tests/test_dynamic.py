@@ -17,8 +17,10 @@ import pytest
 import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
-from jspec import cost_model, dynamic, profile, schedule
-from jspec.drafter import DraftContext
+from jspec.core import dynamic, schedule
+from jspec.core import cost_model
+from jspec.tools import profile
+from jspec.core.drafter import DraftContext
 from reference import assert_counts_match
 
 # Costs under which a mediocre draft flips between K = 0 and K >= 1 as the estimate
@@ -210,19 +212,19 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
   def never(*args):
     raise AssertionError("a decoding call timed rounds")
 
-  S = jspec.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
+  S = jspec.core.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
   drafter = jspec.DraftModel(far_draft)
   for f in (filtered, not filtered):
     profile.profile_auto(target, drafter, 1, S, greedy=False, filtered=f, calls=2, repeats=1)
   monkeypatch.setattr(profile, "_measure_costs", never)
   asked = []
-  saved = profile.saved_round_costs
+  saved = cost_model.saved_round_costs
 
   def recording(*args, **kw):
     asked.append(kw["filtered"])
     return saved(*args, **kw)
 
-  monkeypatch.setattr(profile, "saved_round_costs", recording)
+  monkeypatch.setattr(cost_model, "saved_round_costs", recording)
   monkeypatch.setattr(cost_model, "prior_costs", never)  # the saved profile is found
   jspec.speculative_generate(target, far_draft, [[1, 2, 3]], num_draft_tokens="auto",
                              max_new_tokens=3, temperature=0.8, top_k=top_k, top_p=top_p)
@@ -237,6 +239,9 @@ def test_auto_without_a_profile_uses_the_prior_and_times_nothing(tmp_path, monke
     raise AssertionError("a decoding call timed rounds")
 
   monkeypatch.setattr(profile, "_measure_costs", never)
+  # The device's rates as if measured before (the probe has a slow test of its own).
+  rates = cost_model.DeviceRates(bandwidth=20e9, rows=(1, 8, 512), compute=(10e9, 30e9, 170e9))
+  monkeypatch.setattr(cost_model, "device_rates", lambda cache_dir=None: rates)
   priced = []
   prior = cost_model.prior_costs
 
@@ -363,7 +368,7 @@ def test_switch_margin_keeps_a_near_tie(margin):
 def test_evidence_counts_proposed_drafts_only(target, allow):
   """A round at K = 2 whose lookup had `allow` drafts judges its placeholders too, but
   the acceptance estimate counts at most `allow` judged and accepted drafts per row."""
-  from jspec import decode
+  from jspec.core import decode
 
   drafter = CountedLookup(jspec.NGram(vocab_size=64, max_ngram=3), allow)
   auto = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.0))
@@ -407,7 +412,7 @@ class Oracle:
 def test_plain_rounds_score_a_lookups_first_draft(target):
   """A round at K = 0 judges a lookup's first draft against the emitted token: row 0's
   draft is the target's greedy token (accepted), row 1's is not, row 2 has none."""
-  from jspec import decode
+  from jspec.core import decode
 
   prompts = ragged_prompts(3, target.vocab_size, seed=12)
   kw = dict(max_new_tokens=1, eos_id=())

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.drafter import DraftContext
-from jspec import eagle as E
+from jspec.core.drafter import DraftContext
+from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
 from conftest import tiny_config
 
@@ -29,7 +29,7 @@ def make_context(**fields):
 
 @dataclasses.dataclass(frozen=True)
 class _Tree:
-  """Stand-in for `jspec.tree.Tree` (parents, ranks and the derived arrays propose_tree reads)."""
+  """Stand-in for `jspec.core.tree.Tree` (parents, ranks and the derived arrays propose_tree reads)."""
 
   parents: tuple
   ranks: tuple
@@ -65,7 +65,7 @@ class _Tree:
 
 def make_tree(parents, ranks):
   try:
-    from jspec.tree import Tree
+    from jspec.core.tree import Tree
   except ImportError:
     return _Tree(tuple(parents), tuple(ranks))
   return Tree(parents=tuple(parents), ranks=tuple(ranks))
@@ -210,7 +210,7 @@ def test_shapes_and_protocol(eagle, target, sequences):
   assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(state)
   params = jspec.SamplingParams(temperature=jnp.ones((3,)), top_k=jnp.zeros((3,), jnp.int32),
                                 top_p=jnp.ones((3,)))
-  keys = jspec.sampling.row_keys(jnp.arange(3, dtype=jnp.int32))
+  keys = jspec.core.sampling.row_keys(jnp.arange(3, dtype=jnp.int32))
   drafts, q, _ = _propose(eagle, state, ctx, params, keys, K)
   assert q.shape == (3, K, target.vocab_size) and q.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(q.sum(-1)), 1.0, atol=1e-5)
@@ -246,13 +246,13 @@ def test_sampled_drafts_come_with_their_distributions(eagle, sequences):
   ctx = context(tokens, hidden, L, L - 1 - (K + 1), K + 1, rng)
   params = jspec.SamplingParams(temperature=jnp.array([1.0, 0.7, 0.0]),
                                 top_k=jnp.array([0, 5, 0], jnp.int32), top_p=jnp.ones((3,)))
-  keys = jspec.sampling.row_keys(jnp.array([5, 6, 7], jnp.int32))
+  keys = jspec.core.sampling.row_keys(jnp.array([5, 6, 7], jnp.int32))
   drafts, q, _ = _propose(eagle, state, ctx, params, keys, K)
   for b in range(3):
     _, logits = reference_chain(eagle, tokens[b], hidden[b], int(L[b]), K,
                                 drafts=np.asarray(drafts[b]))
     row = jax.tree_util.tree_map(lambda x: x[b:b + 1], params)
-    want = jspec.sampling.probabilities(jnp.asarray(np.stack(logits))[None], row)[0]
+    want = jspec.core.sampling.probabilities(jnp.asarray(np.stack(logits))[None], row)[0]
     np.testing.assert_allclose(np.asarray(q[b]), np.asarray(want), atol=1e-5)
   greedy_row, _ = reference_chain(eagle, tokens[2], hidden[2], int(L[2]), K)
   assert np.asarray(drafts[2]).tolist() == greedy_row  # temperature 0: the argmax
@@ -405,7 +405,7 @@ def test_bad_inputs(eagle, target, tmp_path):
   with pytest.raises(ValueError, match="config="):
     E.save_eagle(eagle.params, tmp_path / "noconfig")
   with pytest.raises(ValueError, match="feature_start"):
-    eagle.propose(eagle.init_cache(1, S), jspec.DraftContext(
+    eagle.propose(eagle.init_cache(1, S), jspec.core.drafter.DraftContext(
         tokens=jnp.zeros((1, S), jnp.int32), lengths=jnp.ones((1,), jnp.int32)), K, None, None)
   with pytest.raises(ValueError, match="features must be"):
     eagle.init(jnp.zeros((2, 5), jnp.int32), jnp.full((2,), 5, jnp.int32), S,
@@ -419,7 +419,7 @@ def test_greedy_equality_through_the_decode_loop(target, eagle):
   """Chains and trees: greedy output equals the target's own. With a vocabulary of 48
   the head's drafts are sometimes right, so rounds accept drafts and the loop's
   rewinds and feature hand-over are exercised; a sampled run completes."""
-  from jspec.tree import Tree
+  from jspec.core.tree import Tree
 
   prompts = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]]
   ref = jspec.generate(target, prompts, max_new_tokens=24, eos_id=())

@@ -17,8 +17,8 @@ import pytest
 from flax import nnx
 
 import jspec
-import jspec.linen
-import jspec.nnx
+import jspec.io.linen
+import jspec.io.nnx
 from conftest import assert_greedy_match, jit_apply
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -68,15 +68,14 @@ def test_eval_step_compiles_once_for_every_draft_state(distill_run):
 def test_model_from_state_needs_to_model():
   graphdef, state = nnx.split(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
   with pytest.raises(TypeError, match="to_model"):
-    jspec.nnx.model_from_state(graphdef, state)
+    jspec.io.nnx.model_from_state(graphdef, state)
 
 
-def test_model_from_state_matches_to_model(distill_run):
-  # The example's draft config: its init is already compiled.
+def test_model_from_state_matches_to_model():
   example = _example("distill_while_measuring")
   module = jspec.models.Transformer(example.draft_config(example.Settings()), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(module)
-  model = jspec.nnx.model_from_state(graphdef, state)
+  model = jspec.io.nnx.model_from_state(graphdef, state)
   expected = module.to_model()
   assert model.config == expected.config
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b),
@@ -131,11 +130,11 @@ def test_medusa_and_eagle_decode_custom_models(custom, plain_model, linen_model,
   model = plain_model if kind == "plain" else linen_model
   D = model.head().embed.shape[1]
   base = jspec.generate(model, PROMPTS, max_new_tokens=NEW)
-  heads = jax.tree_util.tree_map(lambda x: x + 0.05, jspec.medusa.init_heads(3, D))
+  heads = jax.tree_util.tree_map(lambda x: x + 0.05, jspec.drafters.medusa.init_heads(3, D))
   medusa = jspec.Medusa.from_target(model, heads)
   config = jspec.EagleConfig(hidden_size=D, vocab_size=model.vocab_size, num_attention_heads=2,
                              num_key_value_heads=1, head_dim=8, intermediate_size=2 * D)
-  eagle = jspec.Eagle.from_target(model, jspec.eagle.init_params(config, jax.random.key(3)),
+  eagle = jspec.Eagle.from_target(model, jspec.drafters.eagle.init_params(config, jax.random.key(3)),
                                   config)
   for drafter in (medusa, eagle):
     out = jspec.speculative_generate(model, drafter, PROMPTS, num_draft_tokens=3,
@@ -162,7 +161,7 @@ def test_custom_architecture_honours_block_mask_and_depth(plain_model):
 
 
 def test_linen_adapter_decodes_exactly(custom, linen_model):
-  assert isinstance(linen_model.config, jspec.linen.LinenConfig)
+  assert isinstance(linen_model.config, jspec.io.linen.LinenConfig)
   assert linen_model.vocab_size == 64 and linen_model.max_length == 512
   _check_exact(custom, linen_model)
 
@@ -193,6 +192,6 @@ def test_from_linen_rejects_incomplete_modules(custom):
       raise NotImplementedError
 
   with pytest.raises(TypeError, match="init_cache"):
-    jspec.linen.from_linen(NoCache(), {})
+    jspec.io.linen.from_linen(NoCache(), {})
   with pytest.raises(TypeError, match="flax.linen.Module"):
-    jspec.linen.from_linen(object(), {})
+    jspec.io.linen.from_linen(object(), {})

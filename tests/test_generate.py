@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import api
+from jspec.core import api
 from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
 
 
@@ -230,16 +230,16 @@ def test_static_greedy_only_when_every_row_is_greedy(target, close_draft, monkey
 
 def _decode(target, drafter, prompts, lengths, params, k, max_new):
   B = prompts.shape[0]
-  config = jspec.DecodeConfig(num_draft_tokens=k, cache_length=64)
+  config = jspec.core.decode.DecodeConfig(num_draft_tokens=k, cache_length=64)
 
   @jax.jit
   def run(target, drafter, params):
-    state = jspec.decode.init_state(target, drafter, prompts, lengths,
+    state = jspec.core.decode.init_state(target, drafter, prompts, lengths,
                                     jnp.full((B,), max_new, jnp.int32), params,
                                     jnp.full((1,), -1, jnp.int32), jnp.arange(B), config)
-    one = jspec.decode.decode_round(target, drafter, state, config)
-    state = jspec.decode.decode_loop(target, drafter, one, config)
-    out, new_lengths = jspec.decode.output_tokens(state)
+    one = jspec.core.decode.decode_round(target, drafter, state, config)
+    state = jspec.core.decode.decode_loop(target, drafter, one, config)
+    out, new_lengths = jspec.core.decode.output_tokens(state)
     return one.tokens, one.lengths, out, new_lengths, state.stats
 
   return run(target, drafter, params)
@@ -269,7 +269,7 @@ def test_pure_layer_inside_user_jit(target, close_draft):
   """init_state / decode_loop compose inside a user's own jitted function."""
   prompts = np.array([[1, 2, 3, 0], [4, 0, 0, 0]], np.int32)
   lengths = np.array([3, 1], np.int32)
-  config = jspec.DecodeConfig(num_draft_tokens=3, cache_length=32)
+  config = jspec.core.decode.DecodeConfig(num_draft_tokens=3, cache_length=32)
   params = jspec.SamplingParams(temperature=jnp.zeros((2,), jnp.float32),
                                 top_k=jnp.zeros((2,), jnp.int32),
                                 top_p=jnp.ones((2,), jnp.float32))
@@ -277,12 +277,12 @@ def test_pure_layer_inside_user_jit(target, close_draft):
   @jax.jit
   def user_step(target, draft, prompts, lengths):
     drafter = jspec.DraftModel(draft)
-    state = jspec.decode.init_state(target, drafter, prompts, lengths,
+    state = jspec.core.decode.init_state(target, drafter, prompts, lengths,
                                     jnp.full((2,), 10, jnp.int32), params,
                                     jnp.full((1,), -1, jnp.int32), jnp.arange(2), config)
-    state = jspec.decode.decode_round(target, drafter, state, config)  # one round by hand
-    state = jspec.decode.decode_loop(target, drafter, state, config)
-    return jspec.decode.output_tokens(state)
+    state = jspec.core.decode.decode_round(target, drafter, state, config)  # one round by hand
+    state = jspec.core.decode.decode_loop(target, drafter, state, config)
+    return jspec.core.decode.output_tokens(state)
 
   out, new_lengths = user_step(target, close_draft, prompts, lengths)
   ref = jspec.generate(target, [[1, 2, 3], [4]], max_new_tokens=10)

@@ -290,7 +290,7 @@ def test_draft_with_another_vocabulary_fails_before_tracing(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_matches_transformers():
-  from jspec.demo import smollm2_path
+  from jspec.tools.demo import smollm2_path
 
   path = smollm2_path()
   if path is None:

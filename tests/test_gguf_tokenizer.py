@@ -16,8 +16,8 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import jspec
-from jspec.gguf_tokenizer import PRE_SPLITS, merges_from_scores, tokenizer_from_gguf
-from jspec.tokenizer import load_tokenizer
+from jspec.io.gguf_tokenizer import PRE_SPLITS, merges_from_scores, tokenizer_from_gguf
+from jspec.io.tokenizer import load_tokenizer
 
 gguf = pytest.importorskip("gguf")
 

@@ -16,7 +16,7 @@ tf = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 
 import jspec  # noqa: E402
-from jspec import checkpoint  # noqa: E402
+from jspec.io import checkpoint  # noqa: E402
 from jspec.models import hf  # noqa: E402
 from conftest import assert_greedy_match  # noqa: E402
 

@@ -1,12 +1,15 @@
-"""The layering docs/architecture.md draws holds: the engine and the drafters never
-import the model zoo (`jspec.models`). They reach a model only through the model
-contract (`jspec.Model`: apply, init_cache and the optional prepare, axes and head
-functions), so any architecture that follows the contract works with every drafter.
+"""The layering docs/architecture.md draws holds:
 
-Every module under jspec/ counts as engine or drafter unless it is listed below as
-checkpoint I/O or a tool (those may build reference models); a new module starts on
-the engine side. The check reads the source (no import), so it also sees imports made
-inside functions.
+    jspec.core      imports none of jspec.drafters, jspec.io, jspec.tools, jspec.models
+                    (but its entry points, core/api.py, wrap a Model draft in DraftModel)
+    jspec.drafters  imports jspec.core only (never io, tools or the model zoo)
+    jspec.io        anything but jspec.tools
+    jspec.tools     anything
+
+The engine and the drafters reach a model only through the model contract
+(`jspec.Model`: apply, init_cache and the optional prepare, axes and head functions),
+so any architecture that follows the contract works with every drafter. The check
+reads the source (no import), so it also sees imports made inside functions.
 """
 
 import ast
@@ -15,54 +18,69 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "jspec"
-
-# May import jspec.models: the package root (it exports the zoo), checkpoint and tokenizer
-# I/O, and the tools (CLI, demo, chat, benchmarks, measurement).
-OUTSIDE_THE_ENGINE = {
-    "__init__", "checkpoint", "gguf_file", "gguf_tokenizer", "tokenizer", "text", "compilation",
-    "cli", "demo", "chat", "bench", "bench_real", "bench_heads", "measure", "costs",
+LAYERS = ("core", "drafters", "io", "tools", "models")
+FORBIDDEN = {
+    "core": {"drafters", "io", "tools", "models"},
+    "drafters": {"io", "tools", "models"},
+    "io": {"tools"},
+    "tools": set(),
 }
 
 
-def zoo_imports(source: str) -> list[str]:
-  """Lines of `source` that import `jspec.models` or reach it through `jspec.models`."""
+def layer_imports(source: str, forbidden: set[str]) -> list[str]:
+  """Lines of `source` that import (or reach through `jspec.<layer>`) a forbidden layer."""
+  bad = lambda name: name in forbidden
   found = []
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
-      found += [f"{node.lineno}: import {a.name}" for a in node.names
-                if a.name == "jspec.models" or a.name.startswith("jspec.models.")]
+      for a in node.names:
+        parts = a.name.split(".")
+        if parts[0] == "jspec" and len(parts) > 1 and bad(parts[1]):
+          found.append(f"{node.lineno}: import {a.name}")
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-      if node.module == "jspec.models" or node.module.startswith("jspec.models."):
+      parts = node.module.split(".")
+      if parts[0] == "jspec" and len(parts) > 1 and bad(parts[1]):
         found.append(f"{node.lineno}: from {node.module} import ...")
-      elif node.module == "jspec" and any(a.name == "models" for a in node.names):
-        found.append(f"{node.lineno}: from jspec import models")
-    elif (isinstance(node, ast.Attribute) and node.attr == "models"
+      elif node.module == "jspec":
+        found += [f"{node.lineno}: from jspec import {a.name}" for a in node.names if bad(a.name)]
+    elif (isinstance(node, ast.Attribute) and bad(node.attr)
           and isinstance(node.value, ast.Name) and node.value.id == "jspec"):
-      found.append(f"{node.lineno}: jspec.models")
+      found.append(f"{node.lineno}: jspec.{node.attr}")
   return found
 
 
-def engine_modules() -> list[pathlib.Path]:
-  return sorted(p for p in ROOT.glob("*.py") if p.stem not in OUTSIDE_THE_ENGINE)
+# The one module that may reach one layer up, and what for.
+EXCEPTIONS = {("core", "api.py"): {"drafters"}}  # speculative_generate(draft=Model) -> DraftModel
+
+
+def modules(layer: str) -> list[pathlib.Path]:
+  return sorted((ROOT / layer).glob("*.py"))
 
 
 def test_the_check_sees_every_way_in():
   """Planted violations are found (top-level and inside a function); clean code is not."""
-  bad = ("import jax\nfrom jspec.models import transformer\nimport jspec.models.hf as hf\n"
-         "def f():\n  from jspec import models, sampling\n  import jspec\n"
-         "  return jspec.models.init\n")
-  assert [line.split(":")[0] for line in zoo_imports(bad)] == ["2", "3", "5", "7"]
-  assert zoo_imports("from jspec import nn, sampling\nfrom jspec.model import Model\n") == []
+  bad = ("import jax\nfrom jspec.models import transformer\nimport jspec.tools.bench as b\n"
+         "def f():\n  from jspec import models, core\n  import jspec\n"
+         "  return jspec.drafters.ngram\n")
+  assert [line.split(":")[0] for line in layer_imports(bad, FORBIDDEN["core"])] == \
+      ["2", "3", "5", "7"]
+  assert layer_imports(bad, FORBIDDEN["tools"]) == []
+  assert layer_imports("from jspec.core import nn, sampling\nfrom jspec.core.model import "
+                       "Model\n", FORBIDDEN["core"]) == []
 
 
-def test_the_engine_list_is_not_empty():
-  names = {p.stem for p in engine_modules()}
+def test_every_module_is_in_a_layer():
+  assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py"]
+  assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} == \
+      set(LAYERS) - {"models"}
+  names = {p.stem for p in modules("core")} | {p.stem for p in modules("drafters")}
   assert {"api", "decode", "acceptance", "sampling", "eagle", "medusa", "ngram",
           "draft_model", "nn", "model"} <= names
-  assert not OUTSIDE_THE_ENGINE - {p.stem for p in ROOT.glob("*.py")}, "stale entries"
 
 
-@pytest.mark.parametrize("path", engine_modules(), ids=lambda p: p.name)
-def test_engine_and_drafters_never_import_the_model_zoo(path):
-  found = zoo_imports(path.read_text())
-  assert not found, f"jspec/{path.name} imports the model zoo: {found}"
+@pytest.mark.parametrize("path", [p for layer in FORBIDDEN for p in modules(layer)],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_module_imports_a_layer_above_its_own(path):
+  allowed = EXCEPTIONS.get((path.parent.name, path.name), set())
+  found = layer_imports(path.read_text(), FORBIDDEN[path.parent.name] - allowed)
+  assert not found, f"jspec/{path.parent.name}/{path.name} imports across layers: {found}"

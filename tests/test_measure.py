@@ -1,4 +1,4 @@
-"""`jspec.measure`: per-position acceptance, prompt files, the report on a tiny model."""
+"""`jspec.tools.measure`: per-position acceptance, prompt files, the report on a tiny model."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 
 import jspec
 from conftest import ragged_prompts
-from jspec import costs, measure
+from jspec.tools import costs, measure
 
 
 def test_position_acceptance_from_histogram():

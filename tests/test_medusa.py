@@ -1,4 +1,4 @@
-"""Medusa heads (`jspec.medusa`) and their training (`jspec.models.train_medusa`).
+"""Medusa heads (`jspec.drafters.medusa`) and their training (`jspec.models.train_medusa`).
 
 The drafting rule is checked against a NumPy reading of the heads (h + SiLU(h W + b),
 then the target's LM head) at the newest feature h_{L-2}, picked out of feature
@@ -22,12 +22,12 @@ import pytest
 
 import jspec
 from conftest import assert_greedy_match, jit_apply, ragged_prompts
-from jspec import medusa
-from jspec.drafter import DraftContext
-from jspec.medusa import Medusa
+from jspec.drafters import medusa
+from jspec.core.drafter import DraftContext
+from jspec.drafters.medusa import Medusa
 from jspec.models import train_medusa as TM
 
-HAVE_TREE = importlib.util.find_spec("jspec.tree") is not None
+HAVE_TREE = importlib.util.find_spec("jspec.core.tree") is not None
 V, D = 64, 32
 
 if "features" in {f.name for f in dataclasses.fields(DraftContext)}:
@@ -47,7 +47,7 @@ else:  # until the decode loop feeds features to drafters: the same fields, loca
 
 @dataclasses.dataclass(frozen=True)
 class LocalTree:
-  """The part of `jspec.tree.Tree` that `propose_tree` reads."""
+  """The part of `jspec.core.tree.Tree` that `propose_tree` reads."""
 
   parents: tuple
   ranks: tuple
@@ -355,7 +355,7 @@ def test_save_errors(saved, tmp_path):
 
 
 needs_engine = pytest.mark.skipif(
-    not HAVE_TREE, reason="the decode loop does not feed features to drafters yet (no jspec.tree)")
+    not HAVE_TREE, reason="the decode loop does not feed features to drafters yet (no jspec.core.tree)")
 
 
 @pytest.fixture(scope="module")
@@ -384,7 +384,7 @@ def test_greedy_chain_output_equals_greedy_output(target, trained_like, greedy_r
 
 @needs_engine
 def test_greedy_tree_output_equals_greedy_output(target, trained_like, greedy_reference):
-  from jspec.tree import Tree
+  from jspec.core.tree import Tree
 
   prompts, reference = greedy_reference
   tree = Tree.from_paths([(0, 0, 0), (0, 1), (1, 0), (2,)])

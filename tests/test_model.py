@@ -54,7 +54,7 @@ def test_batch1_steps_equal_full_forward(heads, kv_heads, window, softcap):
 
 @pytest.mark.parametrize("kv_heads", [4, 1])
 def test_step_attention_equals_attention_over_updated_cache(kv_heads):
-  from jspec import nn as layers
+  from jspec.core import nn as layers
   B, H, Dh, S = 2, 4, 8, 12
   rng = np.random.default_rng(5)
   q = jnp.asarray(rng.normal(size=(B, 1, H, Dh)), jnp.float32)

@@ -18,9 +18,9 @@ from hypothesis import given, settings, strategies as st
 import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
-from jspec.datastore import Datastore
-from jspec.drafter import DraftContext
-from jspec.ngram import NGram
+from jspec.drafters.datastore import Datastore
+from jspec.core.drafter import DraftContext
+from jspec.drafters.ngram import NGram
 from reference import assert_counts_match
 
 # ----------------------------------------------------------------------------- reference

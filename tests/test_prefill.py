@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import prefill
+from jspec.core import prefill
 
 from conftest import assert_greedy_match, ragged_prompts
 

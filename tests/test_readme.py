@@ -33,7 +33,7 @@ def test_readme_has_a_quickstart():
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_readme_python_blocks_run(index, capsys):
   """Every Python block of README runs as written (on the real model when installed)."""
-  from jspec.demo import smollm2_path
+  from jspec.tools.demo import smollm2_path
 
   code = python_blocks()[index]
   if "smollm2_path()" in code and smollm2_path() is None:

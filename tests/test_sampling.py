@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec import sampling
+from jspec.core import sampling
 from reference import processed_probs
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import jspec
-from jspec import decode, sharding
+from jspec.core import decode, sharding
 from conftest import tiny_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import costs
+from jspec.tools import costs
 from jspec.models import shipped, train
 
 
@@ -62,7 +62,7 @@ def test_distilled_draft_beats_text_draft_and_speculation_is_exact(target, heldo
 
 
 def test_generate_cli_completes_text(capsys):
-  from jspec import cli
+  from jspec.tools import cli
 
   prompt = "def add(a, b):\n    "
   assert cli.main(["generate", "--prompt", prompt, "--max-new-tokens", "8"]) == 0

@@ -10,7 +10,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 import jspec
 from conftest import tiny_config
-from jspec.tokenizer import load_tokenizer, read_eos_ids
+from jspec.io.tokenizer import load_tokenizer, read_eos_ids
 
 SENTENCES = [
     "the cat sat on the mat",

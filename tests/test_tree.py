@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec import decode, tree as tree_lib
-from jspec.tree import Tree
+from jspec.core import decode, tree as tree_lib
+from jspec.core.tree import Tree
 from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
 from reference import assert_counts_match, processed_probs
 
@@ -353,7 +353,7 @@ def test_feature_drafter_whole_sequence_distribution(topology):
   candidates go through tree acceptance. Both emit the target's distribution."""
   config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
   target = jspec.models.init(config, seed=21)
-  head = jspec.eagle.init_params(jspec.eagle.EagleConfig.for_target(config), jax.random.key(3))
+  head = jspec.drafters.eagle.init_params(jspec.drafters.eagle.EagleConfig.for_target(config), jax.random.key(3))
   head = jax.tree_util.tree_map(lambda x: x * 3.0, head)  # peaked drafts, often wrong
   eagle = jspec.Eagle.from_target(target, head)
   exact = exact_distribution(target)

@@ -1,0 +1,263 @@
+"""A prior for what a decode round costs, from bytes and FLOPs: no model is timed.
+
+`"auto"` needs the cost of a round at each K before it has run one. A decode call at
+small batch streams every weight once (memory-bound); more rows per call add work
+that is free until the device runs out of compute. So, for a call on r rows of a
+model with W weight bytes and P weight parameters, holding C cache bytes:
+
+    t(r)    = max(W / bandwidth, 2 P r / compute(r)) + C / bandwidth + 4 r C_row / compute(r)
+    cost(0) = t_target(B)                         a plain round
+    cost(K) = t_target(B (K + 1)) + t_draft(K)    a round that drafts K tokens
+
+with bandwidth and compute(r) measured on this device by two small probes
+(`DeviceRates.measure`: 1 to 512 rows through a stack of matrices larger than the
+caches, a few seconds on a 2-core CPU) rather than taken from a spec sheet. On an
+accelerator compute(r) is large and a verify costs about one step; on a small CPU a
+few rows already make the product compute-bound (a 5-row verify of SmolLM2-135M
+costs 2-3x a step on the 2-core machine the project is developed on), and the prior
+says so. A draft model costs K of its own steps; heads (Medusa, EAGLE) one pass over
+their weights per draft; lookup drafters (n-gram, datastore) carry no weights and
+cost nothing here.
+
+The prior leaves out what a round does beyond its calls (acceptance, commit, the
+loop), 20-40% of a round at batch 8-64 on XLA CPU. A profile (`jspec.tools.profile`)
+measures whole rounds when that matters; what it saved is read here
+(`saved_round_costs`), so a decoding call never times anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The probe: a stack of 8 MB matrices applied one after another, 512 MB in all, like
+# a model's layers (a matrix of a few MB behaves unlike one of 512 MB: a CPU's matrix
+# kernels pack small operands differently), timed at each row count.
+# Past 64 rows every device here is compute-bound: those run through the first 8
+# matrices only, to keep the probe short.
+PROBE_LAYERS, PROBE_WIDTH = 64, 1024
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+FEW_LAYERS_FROM = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRates:
+  """What this device sustains: bytes/s streaming weights and FLOP/s per row count."""
+
+  bandwidth: float  # bytes/s, a matrix-vector product over a matrix beyond the caches
+  rows: tuple[int, ...]  # row counts of `compute`
+  compute: tuple[float, ...]  # FLOP/s of an f32 matrix product with that many rows
+
+  def flops_rate(self, r: float) -> float:
+    """compute(r), interpolated in log(rows) between the measured counts."""
+    return float(np.interp(np.log(max(r, 1.0)), np.log(self.rows), self.compute))
+
+  @classmethod
+  def measure(cls, repeats: int = 2) -> "DeviceRates":
+    """Probe the default device (about a second on a 2-core CPU; cached per process)."""
+    return _measure(repeats)
+
+
+def machine() -> list:
+  """What identifies this machine and backend in jspec's saved measurements."""
+  dev = jax.devices()[0]
+  return [platform.node(), platform.machine(), os.cpu_count(), dev.platform,
+          getattr(dev, "device_kind", ""), len(jax.devices()), jax.__version__]
+
+
+def device_rates(cache_dir: str | None = None) -> DeviceRates:
+  """This device's rates: read from <cache_dir>/device.json (jspec's cache folder by
+  default) when this machine measured them before, else measured once and saved."""
+  from jspec.core import compilation
+
+  path = os.path.join(os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root(),
+                      "device.json")
+  key = json.dumps(machine())
+  table = {}
+  try:
+    with open(path) as f:
+      table = json.load(f)
+    saved = table[key]
+    return DeviceRates(float(saved["bandwidth"]), tuple(int(r) for r in saved["rows"]),
+                       tuple(float(c) for c in saved["compute"]))
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    pass  # absent or damaged: measured again
+  if not isinstance(table, dict):
+    table = {}
+  rates = DeviceRates.measure()
+  table[key] = dataclasses.asdict(rates)
+  write_table(path, table)
+  return rates
+
+
+def write_table(path: str, table: dict) -> None:
+  """Replace the JSON file at `path` whole (a reader never sees half of it)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(table, f, indent=1)
+  os.replace(tmp, path)
+
+
+# Part of every cache key: bump it when jspec's own code changes what a round costs
+# (times measured before no longer describe the loop).
+COSTS_VERSION = 3
+
+
+def _fingerprint(obj) -> Any:
+  """Shapes, dtypes and static settings of a model or drafter (not its values)."""
+  leaves, treedef = jax.tree_util.tree_flatten(obj)
+  return [str(treedef), [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
+
+
+def cache_path(cache_dir: str | None = None) -> str:
+  """Where profiles are kept: <cache_dir>/costs.json, by default in jspec's cache
+  folder ($JSPEC_CACHE_DIR, else ~/.cache/jspec)."""
+  from jspec.core import compilation
+
+  root = os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root()
+  return os.path.join(root, "costs.json")
+
+
+_TABLES: dict = {}  # path -> ((mtime_ns, size), table): the file parsed once, not per call
+
+
+def read_table(path: str) -> dict:
+  """The cost file as a dict (a copy); {} when absent or damaged (then remeasured)."""
+  try:
+    st = os.stat(path)
+  except OSError:
+    return {}
+  stamp = (st.st_mtime_ns, st.st_size)
+  memo = _TABLES.get(path)
+  if memo is None or memo[0] != stamp:
+    try:
+      with open(path) as f:
+        table = json.load(f)
+    except (OSError, ValueError):
+      table = {}  # a damaged cache is remeasured, not trusted
+    if not isinstance(table, dict):
+      table = {}
+    memo = _TABLES[path] = (stamp, table)
+  return dict(memo[1])
+
+
+def profile_key(role: str, obj, batch: int, cache_length: int, greedy: bool,
+                filtered: bool) -> str:
+  """The key of one profile entry: machine, role, the models' shapes, the call's shape."""
+  key_obj = {"machine": machine(), "role": role, "model": _fingerprint(obj), "batch": batch,
+             "cache_length": cache_length, "greedy": greedy, "version": COSTS_VERSION}
+  if filtered and not greedy:  # (absent otherwise: keys saved before the filter was told apart)
+    key_obj["filtered"] = True
+  return hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def saved_round_costs(target, drafter, batch: int, cache_length: int, choices, *,
+                      greedy: bool = True, filtered: bool = False,
+                      cache_dir: str | None = None) -> tuple[float, ...] | None:
+  """Round costs at each K of `choices` as a profile saved them (`jspec profile`), or
+  None when some K is missing. The models as a decoding call runs them (their decoding
+  form, a draft model wrapped as `DraftModel`): the form profiles are keyed by."""
+  from jspec.core.schedule import monotone
+
+  key = profile_key("round", (target, drafter), batch, cache_length, greedy, filtered)
+  known = {int(k): float(v) for k, v in read_table(cache_path(cache_dir)).get(key, {}).items()}
+  if not set(choices) <= set(known):
+    return None
+  return monotone(choices, [known[k] for k in choices])
+
+
+def _best_time(fn, *args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))  # compile
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(repeats: int) -> DeviceRates:
+  n, d = PROBE_LAYERS, PROBE_WIDTH
+  ws = [jnp.full((d, 2 * d) if i % 2 == 0 else (2 * d, d), 1e-3, jnp.float32) for i in range(n)]
+
+  @jax.jit
+  def layers(x, ws):
+    for w in ws:  # unrolled, as a decoding call runs a model's layers
+      x = jnp.tanh(x @ w)
+    return x
+
+  compute = []
+  for r in ROWS:
+    used = ws if r < FEW_LAYERS_FROM else ws[:8]
+    t = _best_time(layers, jnp.ones((r, d), jnp.float32), used, repeats=repeats)
+    if r == 1:  # one row streams every matrix once: that is the bandwidth
+      bandwidth = sum(w.nbytes for w in used) / t
+    compute.append(2.0 * sum(w.size for w in used) * r / t)
+  return DeviceRates(bandwidth=bandwidth, rows=ROWS, compute=tuple(compute))
+
+
+def _bytes_and_params(tree) -> tuple[float, float]:
+  leaves = [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "shape")]
+  return (float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)),
+          float(sum(np.prod(x.shape) for x in leaves)))
+
+
+def _streamed(model) -> tuple[float, float]:
+  """(bytes, parameters) one call reads: every weight, except an input embedding that
+  is not also the output head (a call reads a few of its rows only)."""
+  w_bytes, w_params = _bytes_and_params(model.params)
+  try:
+    head = model.head()
+  except TypeError:  # no head_fn: count everything
+    return w_bytes, w_params
+  if head.lm_head is not None:
+    e_bytes, e_params = _bytes_and_params(head.embed)
+    w_bytes, w_params = w_bytes - e_bytes, w_params - e_params
+  return w_bytes, w_params
+
+
+def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRates) -> float:
+  """Prior seconds of one cached call of `model` on `block` tokens per row."""
+  w_bytes, w_params = _streamed(model)
+  cache = jax.eval_shape(lambda: model.init_cache(batch, cache_length))
+  c_bytes, c_elems = _bytes_and_params(cache)
+  r = batch * block
+  rate = rates.flops_rate(r)
+  weights = max(w_bytes / rates.bandwidth, 2.0 * w_params * r / rate)
+  attention = c_bytes / rates.bandwidth + 4.0 * block * c_elems / rate
+  return weights + attention
+
+
+def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRates) -> float:
+  """Prior seconds for `drafter` to propose k drafts per row."""
+  model = getattr(drafter, "model", None)
+  if model is not None and hasattr(model, "apply_fn"):  # a draft model: k of its steps
+    return k * call_time(model, batch, 1, cache_length, rates)
+  w_bytes, w_params = _bytes_and_params(drafter)
+  if not w_bytes:
+    return 0.0
+  return k * max(w_bytes / rates.bandwidth, 2.0 * w_params * batch / rates.flops_rate(batch))
+
+
+def prior_costs(target, drafter, batch: int, cache_length: int, choices,
+                rates: DeviceRates | None = None) -> tuple[float, ...]:
+  """Prior seconds of a whole round at each K in `choices` (0: a plain round)."""
+  from jspec.core.schedule import monotone  # a round with more drafts never costs less
+
+  rates = rates or DeviceRates.measure()
+  return monotone(choices, [
+      call_time(target, batch, k + 1, cache_length, rates)
+      + (drafter_time(drafter, batch, k, cache_length, rates) if k else 0.0)
+      for k in choices])

@@ -1,0 +1,328 @@
+"""The pure, jittable decoding layer: state, one round, the loop.
+
+Baseline decoding is the same loop with K = 0 and no drafter. One round:
+
+    committed (row b):  t0 .. t(L-2) | t(L-1)           cache holds slots < L-1
+    drafter:            d1 .. dK  and q1 .. qK
+    target, one call:   [t(L-1) d1 .. dK] at slots L-1 .. L+K-1  -> p0 .. pK
+    acceptance:         n drafts kept, then one more token (residual or bonus)
+    commit:             t(L) .. t(L+n) = d1 .. dn, next     L' = L + n + 1
+                        cache valid for slots < L'-1: the invariant holds again
+
+Sampling params `None` mean every row is greedy, known when the program is built:
+the round then takes the target's argmax of the verify logits and accepts while the
+drafts equal it (the exact rule at temperature 0), with no probabilities and no
+random numbers; K = 0 is a plain argmax step. jit specialises on the pytree
+structure, so this is a separate compiled program with no runtime branch. Mixed or
+sampled batches pass `SamplingParams` (greedy rows are then per-row one-hots).
+
+EOS and max_new_tokens cut the committed run short (the EOS itself is kept). Rows
+that are done keep computing under static shapes with their state frozen; the
+loop ends when every row is done.
+
+Everything here is a pure function of pytrees, for users who embed decoding in
+their own jitted code:
+
+    state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens,
+                       params, eos_ids, seeds, config)
+    state = decode_round(target, drafter, state, config)   # one round
+    state = decode_loop(target, drafter, state, config)    # until all rows are done
+    out, lengths = output_tokens(state)
+
+`init_state` and `decode_loop` run on `prepared(target)` and `prepared(drafter)`:
+params in the form their models decode fastest from (`Model.prepare_fn`), made
+once per program. A loop of your own around `decode_round` should do the same
+before the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jspec.core import acceptance, prefill, sampling, sharding, streaming
+from jspec.core import tree as tree_lib
+from jspec.core.drafter import DraftContext
+from jspec.core.model import Model
+from jspec.core.tree import Tree
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Static shape of a decoding program. Changing it recompiles."""
+
+  num_draft_tokens: int  # K; 0 = baseline decoding, no drafter; the tree's depth with a tree
+  cache_length: int  # S slots per row, >= prompt + max_new_tokens + (K + 1 or N)
+  layout: sharding.Layout | None = None  # mesh + rules for the target cache; None: one device
+  tree: Tree | None = None  # verify a static draft tree of N nodes instead of a chain
+  stream: bool = False  # send committed tokens to the host after every round (streaming.py)
+
+  def __post_init__(self):
+    if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
+      raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must equal the tree's depth "
+                       f"({self.tree.max_depth})")
+
+  @property
+  def block_width(self) -> int:
+    """Tokens per verify call: K + 1 for a chain, N for a tree."""
+    return self.num_draft_tokens + 1 if self.tree is None else self.tree.num_nodes
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeStats:
+  """Per-row and per-batch counters a run accumulates (tau, acceptance: `jspec.tools.costs`)."""
+
+  target_calls: jax.Array  # [B] int32 rounds in which the row was active
+  accepted: jax.Array  # [B] int32 draft tokens accepted and committed
+  accept_hist: jax.Array  # [K+1] int32 active rounds by accepted count n
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+  """Everything a decode round reads and writes.
+
+  Invariant (per row b): `tokens[b, :lengths[b]]` are committed; the target cache
+  (and the drafter's) holds K/V for t_0..t_{L-2}; t_{L-1} is not yet in it.
+  """
+
+  tokens: jax.Array  # [B, S] int32 prompt then output; scratch past lengths
+  lengths: jax.Array  # [B] int32 committed length L
+  prompt_lengths: jax.Array  # [B] int32
+  max_lengths: jax.Array  # [B] int32 prompt_lengths + max_new_tokens
+  done: jax.Array  # [B] bool
+  target_cache: Any  # the target's K/V buffers
+  drafter_state: Any  # the drafter's own state (None for baseline)
+  keys: jax.Array  # [B] typed PRNG keys, one stream per row
+  params: sampling.SamplingParams | None  # per-row temperature / top-k / top-p; None: all greedy
+  eos_ids: jax.Array  # [E] int32; -1 entries never match
+  stats: DecodeStats
+  # Target final hidden states for drafters that read them (`uses_features`: Medusa,
+  # EAGLE); None otherwise. Entry j is h at slot feature_start[b] + j, valid for
+  # 0 <= slot <= L-2: after a round that began at L0 and accepted n drafts,
+  # feature_start = L0 - 1 and entries 0..n are valid (the accepted path's states).
+  features: jax.Array | None = None  # [B, F, D], F = K + 1 (chain) or depth + 1 (tree)
+  feature_start: jax.Array | None = None  # [B] int32
+
+
+def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
+               params: sampling.SamplingParams | None, eos_ids, seeds, config: DecodeConfig,
+               ) -> DecodeState:
+  """Prefill target and drafter and build the initial state.
+
+  tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
+  max_new_tokens [B] >= 1; params: per-row `SamplingParams`, or None for a
+  statically all-greedy program; seeds [B] int32 (row b's random stream depends
+  on seeds[b] only); eos_ids [E] int32.
+  """
+  B, P = tokens.shape
+  S = config.cache_length
+  K = config.num_draft_tokens
+  target, drafter = prepared(target), prepared(drafter)
+  tokens = tokens.astype(jnp.int32)
+  prompt_lengths = prompt_lengths.astype(jnp.int32)
+  buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
+  cache = sharding.constrain_cache(target, target.init_cache(B, S), config.layout)
+  hidden = None
+  if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
+    with jax.named_scope("target_prefill"):
+      cache, hidden = prefill.prefill(target, tokens, prompt_lengths, cache,
+                                      hidden=uses_features(drafter))
+  features = feature_start = None
+  if drafter is None:
+    drafter_state = None
+  elif uses_features(drafter):
+    F = config.num_draft_tokens + 1
+    if hidden is None:
+      hidden = jnp.zeros((B, 0, target.config.hidden_size), target.dtype)
+    drafter_state = drafter.init(tokens, prompt_lengths, S, hidden)
+    # The last F prompt slots, L-1-F .. L-2 (negative slots are invalid entries).
+    feature_start = prompt_lengths - 1 - F
+    padded = jnp.pad(hidden, ((0, 0), (F, 0), (0, 0)))  # slot s sits at index s + F
+    features = jax.vmap(lambda h, s: lax.dynamic_slice_in_dim(h, s + F, F, axis=0))(
+        padded, feature_start)
+  else:
+    drafter_state = drafter.init(tokens, prompt_lengths, S)
+  zeros = jnp.zeros((B,), jnp.int32)
+  return DecodeState(
+      tokens=buffer,
+      lengths=prompt_lengths,
+      prompt_lengths=prompt_lengths,
+      max_lengths=prompt_lengths + max_new_tokens.astype(jnp.int32),
+      done=max_new_tokens <= 0,
+      target_cache=cache,
+      drafter_state=drafter_state,
+      keys=sampling.row_keys(seeds.astype(jnp.int32)),
+      params=params,
+      eos_ids=eos_ids.astype(jnp.int32),
+      stats=DecodeStats(target_calls=zeros, accepted=zeros,
+                        accept_hist=jnp.zeros((K + 1,), jnp.int32)),
+      features=features,
+      feature_start=feature_start,
+  )
+
+
+def prepared(obj):
+  """A model or drafter with params in decoding form (`Model.prepared`); others as
+  they are. Call it inside the jitted program, before the loop."""
+  return obj.prepared() if hasattr(obj, "prepared") else obj
+
+
+def uses_features(drafter) -> bool:
+  """Whether a drafter reads the target's hidden states (a static class attribute)."""
+  return bool(getattr(drafter, "uses_features", False))
+
+
+def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
+  """One round: draft, verify in one target call (a chain of K+1 or a tree of N
+  tokens), accept, commit."""
+  K, S, W = config.num_draft_tokens, config.cache_length, config.block_width
+  L = state.lengths
+  round_keys = sampling.fold(state.keys, state.stats.target_calls)
+  # Drafters that draw nothing at random (all built-in ones when greedy) leave these
+  # unused, and XLA drops them.
+  draft_keys = sampling.fold(round_keys, 1)
+  accept_keys = sampling.fold(round_keys, 2)
+  context = DraftContext(tokens=state.tokens, lengths=L, features=state.features,
+                         feature_start=state.feature_start)
+  # Done rows keep a frozen L; clamp so their (discarded) block stays in bounds.
+  start = jnp.minimum(L - 1, S - W)
+  last = jnp.take_along_axis(state.tokens, start[:, None], axis=1)  # [B, 1]
+  if config.tree is None:
+    n, emitted, cache, drafter_state, hidden = _chain(
+        target, drafter, state, context, start, last, K, draft_keys, accept_keys)
+  else:
+    n, emitted, cache, drafter_state, hidden = _tree(
+        target, drafter, state, context, start, last, config.tree, draft_keys, accept_keys)
+  state = dataclasses.replace(state, target_cache=cache, drafter_state=drafter_state)
+  if state.features is not None:
+    state = dataclasses.replace(state, features=hidden.astype(state.features.dtype),
+                                feature_start=start)
+  return _commit(state, n, emitted, K)
+
+
+def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_keys):
+  """Draft K, verify [t(L-1) d1 .. dK]: n [B], emitted [B, K+1] (d1..dn, next, ...),
+  cache, drafter state, hidden [B, K+1, D]."""
+  B = start.shape[0]
+  drafter_state = state.drafter_state
+  if K > 0:
+    drafts, q, drafter_state = drafter.propose(drafter_state, context, K, state.params,
+                                               draft_keys)
+  else:
+    drafts, q = jnp.zeros((B, 0), jnp.int32), None
+  block = jnp.concatenate([last, drafts.astype(jnp.int32)], axis=1)  # [B, K+1]
+  with jax.named_scope("target_verify"):
+    logits, hidden, cache = target.apply(block, state.target_cache, start)
+  with jax.named_scope("acceptance"):
+    if state.params is None:  # static: all rows greedy
+      # One-hot p accepts exactly while d_i is the argmax, whatever q is: q is unused.
+      n, next_token = acceptance.accept_greedy(logits, drafts)
+    else:
+      p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
+      n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
+  j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
+  drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
+  emitted = jnp.where(j == n[:, None], next_token[:, None], drafts_padded)  # [B, K+1]
+  return n, emitted, cache, drafter_state, hidden
+
+
+def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys):
+  """Draft a tree, verify its N nodes in one call with the ancestor mask, accept a
+  path, compact its K/V (see `jspec.core.tree`). Returns as `_chain`, emitted and hidden
+  [B, D+1] / [B, D+1, D] along the accepted path."""
+  candidates, drafter_state = drafter.propose_tree(state.drafter_state, context, topology,
+                                                   state.params, draft_keys)  # [B, N-1]
+  block = jnp.concatenate([last, candidates.astype(jnp.int32)], axis=1)  # [B, N]
+  with jax.named_scope("target_verify_tree"):
+    logits, hidden, cache = target.apply(block, state.target_cache, start,
+                                         block_mask=jnp.asarray(topology.ancestors),
+                                         depth=jnp.asarray(topology.depths))
+  with jax.named_scope("acceptance"):
+    if state.params is None:
+      node, next_token = tree_lib.accept_greedy(logits, candidates, topology)
+    else:
+      p = sampling.probabilities(logits, state.params)  # [B, N, V]
+      node, next_token = tree_lib.accept_sampled(p, candidates, topology, accept_keys)
+  path = tree_lib.path_nodes(node, topology)  # [B, D+1]
+  n = jnp.asarray(topology.depths)[node]  # [B] accepted drafts
+  with jax.named_scope("compact"):
+    cache = tree_lib.compact(cache, _cache_axes(target), start, path, topology.num_nodes)
+  D = topology.max_depth
+  j = jnp.arange(D + 1, dtype=jnp.int32)[None, :]
+  # Path tokens at depths 1..D, shifted so emitted[j] is the token after depth j.
+  path_tokens = jnp.take_along_axis(block, path, axis=1)  # [B, D+1]
+  following = jnp.concatenate([path_tokens[:, 1:], jnp.zeros_like(path_tokens[:, :1])], axis=1)
+  emitted = jnp.where(j == n[:, None], next_token[:, None], following)
+  path_hidden = jnp.take_along_axis(hidden, path[:, :, None], axis=1)  # [B, D+1, D]
+  return n, emitted, cache, drafter_state, path_hidden
+
+
+def _cache_axes(target: Model):
+  axes = sharding.model_axes(target)
+  if axes is None:
+    raise ValueError("tree decoding moves accepted K/V along the cache's slot axis, found from "
+                     "the model's cache axes: give the jspec.Model an `axes_fn` that names "
+                     "'batch' and 'sequence' in every cache buffer")
+  return axes[1]
+
+
+def _commit(state: DecodeState, n, emitted, K: int) -> DecodeState:
+  """Write d1..dn and the next token, cut at EOS and max length; freeze done rows.
+
+  n [B] accepted drafts; emitted [B, K+1] with the tokens to commit first."""
+  S = state.tokens.shape[1]
+  L = state.lengths
+  active = ~state.done
+  with jax.named_scope("commit"):
+    j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
+    count = n + 1
+    is_eos = jnp.any(emitted[:, :, None] == state.eos_ids[None, None, :], axis=-1)
+    is_eos = is_eos & (j < count[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), K + 1)
+    count = jnp.minimum(count, first_eos + 1)
+    count = jnp.minimum(count, state.max_lengths - L)
+    count = jnp.where(active, count, 0).astype(jnp.int32)
+    # Masked scatter: a (K+1)-wide dynamic_update_slice would clamp at the end.
+    positions = jnp.where(j < count[:, None], L[:, None] + j, S)
+    tokens = jax.vmap(lambda row, pos, val: row.at[pos].set(val, mode="drop"))(
+        state.tokens, positions, emitted)
+    new_L = L + count
+    hit_eos = jnp.any(is_eos & (j < count[:, None]), axis=1)
+    done = state.done | hit_eos | (new_L >= state.max_lengths)
+
+  act = active.astype(jnp.int32)
+  stats = DecodeStats(
+      target_calls=state.stats.target_calls + act,
+      accepted=state.stats.accepted + jnp.minimum(n, count),
+      accept_hist=state.stats.accept_hist.at[n].add(act),
+  )
+  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats)
+
+
+def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
+  """Run rounds in one `lax.while_loop` until every row is done."""
+  target, drafter = prepared(target), prepared(drafter)
+
+  def body(s):
+    s = decode_round(target, drafter, s, config)
+    if config.stream:
+      streaming.emit(s.tokens, s.lengths, s.prompt_lengths)
+    return s
+
+  return lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+
+
+def output_tokens(state: DecodeState):
+  """New tokens per row, left-aligned: int32 [B, S] (-1 past each row's end), lengths [B]."""
+  B, S = state.tokens.shape
+  j = jnp.arange(S, dtype=jnp.int32)[None, :]
+  new_lengths = state.lengths - state.prompt_lengths
+  idx = jnp.minimum(state.prompt_lengths[:, None] + j, S - 1)
+  out = jnp.take_along_axis(state.tokens, idx, axis=1)
+  return jnp.where(j < new_lengths[:, None], out, -1), new_lengths

@@ -1,0 +1,96 @@
+"""The drafter protocol: what the decode loop asks of anything that proposes drafts.
+
+A drafter is a pytree (its params are leaves, its settings static) with:
+
+    vocab_size: int
+    init(tokens, prompt_lengths, cache_length) -> state
+        tokens [B, P] int32 right-padded prompts, prompt_lengths [B];
+        builds whatever per-row state the drafter keeps (a KV cache, ...).
+    propose(state, context, num_drafts, params, keys) -> (drafts, q, state)
+        context: `DraftContext` (committed token buffer and lengths);
+        params: per-row `SamplingParams`, or None when every row is greedy
+        (static; `sampling.probabilities(logits, None)` is the one-hot argmax);
+        keys: [B] typed PRNG keys for this round's draws;
+        drafts [B, K] int32 and q [B, K, V] f32, the processed distribution
+        each draft was drawn from, so that exact acceptance holds at every
+        temperature. q may be None, meaning one-hot at the drafts: what a
+        deterministic drafter (greedy draft model, n-gram lookup) should return,
+        since acceptance then needs no [B, K, V] array. With params None the
+        loop accepts by argmax and ignores q.
+
+Three optional extensions:
+
+    uses_features = True (class attribute)
+        the drafter reads the target's final hidden states (Medusa, EAGLE):
+        `init` takes a fourth argument, the prefill's hidden states [B, P-1, D],
+        and every `DraftContext` carries `features` / `feature_start`.
+    propose_tree(state, context, tree, params, keys) -> (candidates, state)
+        candidates [B, N-1] int32: the token of each non-root node of the static
+        `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
+        rank), so that tree acceptance is exact without draft probabilities.
+    lookup(context, num_drafts) -> (drafts, count)
+        a stateless drafter that knows how many of its drafts it really proposes
+        (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
+        `num_draft_tokens="auto"` then never drafts more than the count of the
+        row furthest behind (`jspec.core.dynamic`).
+
+Drafter state must follow the decode-state invariant: it may keep anything about
+committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
+loop rewinds to the accepted prefix without telling it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+
+from jspec.core.sampling import SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+  """What the loop shows a drafter at the start of a round."""
+
+  tokens: jax.Array  # [B, S] int32 committed tokens t_0..t_{L-1}; scratch beyond
+  lengths: jax.Array  # [B] int32 committed length L per row
+  # For drafters with `uses_features` (None otherwise): the target's final hidden
+  # states, entry j at slot feature_start[b] + j, valid for 0 <= slot <= L-2. The
+  # newest valid one, h_{L-2}, produced the logits that chose t_{L-1}.
+  features: jax.Array | None = None  # [B, F, D]
+  feature_start: jax.Array | None = None  # [B] int32
+
+
+class Drafter(Protocol):
+  """What `speculative_generate` and `jspec.core.decode` ask of a drafter (see the module
+  docstring). Implementations are pytrees: `DraftModel`, `NGram`, `Datastore`."""
+
+  vocab_size: int
+
+  def init(self, tokens: jax.Array, prompt_lengths: jax.Array, cache_length: int) -> Any:
+    """The drafter's initial state for a batch (a pytree, or None).
+
+    Args:
+      tokens: [B, P] int32 right-padded prompts.
+      prompt_lengths: [B] int32 in 1..P.
+      cache_length: S, the static number of slots per row (for a KV cache).
+    """
+
+  def propose(self, state: Any, context: DraftContext, num_drafts: int,
+              params: SamplingParams | None,
+              keys: jax.Array) -> tuple[jax.Array, jax.Array | None, Any]:
+    """Propose `num_drafts` (K, static) tokens per row.
+
+    Args:
+      state: what `init` or the previous `propose` returned.
+      context: the committed tokens [B, S] and lengths [B] at the start of the round.
+      num_drafts: K.
+      params: per-row `SamplingParams`, or None when every row is greedy (static).
+      keys: [B] typed PRNG keys for this round's draws.
+
+    Returns:
+      drafts [B, K] int32; q [B, K, V] f32, the distributions the drafts were drawn
+      from, or None for one-hot at the drafts; the new state.
+    """

@@ -1,0 +1,223 @@
+"""Dynamic speculation: the loop that runs a round at the K the schedule picks
+(`num_draft_tokens="auto"`; the choice itself is `jspec.core.schedule`).
+
+`accepted` and `judged` count drafts per row and decay by `decay` every round that
+brings evidence. A drafter with `lookup` brings some in K = 0 rounds too: its first
+draft, free to compute, is scored against the token the target emitted (see
+`fixed_round`); a draft model's K = 0 rounds leave the counts alone. After
+`probe_every` rounds in a row without drafting, one round drafts at the best K >= 1
+anyway, so an estimate that once fell too low is corrected by new evidence rather
+than frozen; each probe that does not bring drafting back doubles the wait (up to
+16x).
+
+Exactness: the K of a round is a function of earlier rounds only, and every branch
+is a complete exact round (its drafts are all judged; none is dropped), so each
+emitted token still follows the target's distribution given the tokens before it.
+
+The drafter is not called in K = 0 rounds, so its state falls behind the committed
+tokens. A drafter with state (a draft model's KV cache) may define
+
+    sync(state, context, synced) -> state
+
+which brings the state up to the decode-state invariant from `synced` [B], the
+number of leading slots known to be current; the loop calls it before a drafting
+round. `DraftModel.sync` feeds the missed tokens in fixed-size chunks.
+
+    state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
+                       eos_ids, seeds, costs, config, auto)
+    state = decode_loop(target, drafter, state, config, auto)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jspec.core import decode, streaming
+from jspec.core.drafter import DraftContext
+from jspec.core.model import Model
+from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, choose, stays
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AutoState:
+  """The decode state of a dynamic loop: the usual `DecodeState` plus the schedule's."""
+
+  decode: decode.DecodeState
+  schedule: ScheduleState
+
+
+def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
+               seeds, costs, config: decode.DecodeConfig, auto: AutoK) -> AutoState:
+  """`decode.init_state` for a dynamic loop (config K = the largest choice).
+
+  A drafter that can `sync` is not prefilled here: its state is made from the
+  first token only, and the first drafting round feeds the prompt. A call where
+  speculation never pays (K = 0 throughout) then never runs the drafter at all.
+  """
+  lazy = hasattr(drafter, "sync")
+  target, drafter = decode.prepared(target), decode.prepared(drafter)
+  state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
+                            eos_ids, seeds, config)
+  if lazy:
+    B = tokens.shape[0]
+    drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
+    synced = jnp.zeros((B,), jnp.int32)
+  else:
+    drafter_state = drafter.init(tokens, prompt_lengths, config.cache_length)
+    synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
+  state = dataclasses.replace(state, drafter_state=drafter_state)
+  costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
+  zero = jnp.zeros((tokens.shape[0],), jnp.float32)
+  lookup = proposal_counts(drafter, state, auto.max_k)
+  B = tokens.shape[0]
+  counts, first = lookup or (jnp.full((B,), auto.max_k, jnp.int32), jnp.zeros((B,), jnp.int32))
+  return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
+                                        jnp.asarray(auto.probe_every, jnp.int32),
+                                        jnp.zeros((len(auto.choices),), jnp.int32), counts,
+                                        first))
+
+
+def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
+  """(count [B] int32, first [B] int32) for a drafter with `lookup` (n-gram,
+  datastore): how many drafts it proposes for each row this round (0 when nothing
+  matches) and the first of them; None for other drafters.
+
+  A round then drafts only when the critical rows have something to draft, and the
+  acceptance estimate is built from rounds whose drafts were proposed. The counts
+  are a function of committed tokens only, so the round's K still depends on the
+  past alone (exactness, module docstring).
+  """
+  if not hasattr(drafter, "lookup"):
+    return None
+  context = DraftContext(tokens=state.tokens, lengths=state.lengths)
+  drafts, count = drafter.lookup(context, max_k)
+  return count.astype(jnp.int32), drafts[:, 0].astype(jnp.int32)
+
+
+def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
+                auto: AutoK, index: int, sync: bool = False) -> AutoState:
+  """One round at K = auto.choices[index] (static), and the schedule's update.
+
+  sync: first bring the drafter up to date (after rounds that did not draft).
+  """
+  k = auto.choices[index]
+  s, sched = state.decode, state.schedule
+  active = ~s.done
+  if k > 0 and sync and hasattr(drafter, "sync"):
+    context = DraftContext(tokens=s.tokens, lengths=s.lengths)
+    s = dataclasses.replace(s, drafter_state=drafter.sync(s.drafter_state, context,
+                                                          sched.synced))
+  # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
+  # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
+  real = jnp.minimum(sched.counts, k)  # [B]
+  new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
+  lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
+  if k > 0:
+    n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
+    judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
+  elif lookup is not None:
+    # Shadow evidence: a lookup's drafts cost nothing to compute, so a round at K = 0
+    # still scores the first one against the token the target emitted. Greedy, the
+    # draft would have been accepted exactly when they match; sampled, a one-hot q
+    # accepts d with probability p(d), the chance that the emitted token is d. So
+    # the estimate keeps moving while the loop does not draft, and it leaves K = 0
+    # as soon as the text turns repetitive, not at the next probe.
+    emitted = jnp.take_along_axis(new.tokens, s.lengths[:, None], axis=1)[:, 0]  # [B]
+    judged = jnp.where(active & (sched.counts > 0), 1, 0)
+    n = jnp.where(emitted == sched.first, judged, 0)
+  else:
+    n = judged = jnp.zeros_like(s.lengths)
+  # Evidence decays per round that brings some (per row): rounds without any say
+  # nothing about the drafts, and letting the estimate drift back to the prior during
+  # them would make the loop oscillate between K = 0 and a K the drafts do not deserve.
+  decay = (auto.decay if k > 0 else 1.0 if lookup is None
+           else jnp.where(judged > 0, auto.decay, 1.0))
+  # A probe (a drafting round forced after `gap` idle rounds) doubles the gap, up to
+  # MAX_GAP_FACTOR x probe_every: on text the drafter cannot guess, probes and the
+  # drafter's catch-up they need then cost a vanishing share of the rounds. A round
+  # that drafts by choice resets it.
+  if k > 0:
+    probing = sched.idle >= sched.gap
+    gap = jnp.where(probing, jnp.minimum(2 * sched.gap, MAX_GAP_FACTOR * auto.probe_every),
+                    auto.probe_every).astype(jnp.int32)
+  else:
+    gap = sched.gap
+  schedule = ScheduleState(
+      costs=sched.costs,
+      accepted=decay * sched.accepted + jnp.where(active, n, 0).astype(jnp.float32),
+      judged=decay * sched.judged + judged.astype(jnp.float32),
+      synced=jnp.where(active, s.lengths, sched.synced) if k > 0 else sched.synced,
+      idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
+      gap=gap,
+      rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
+      counts=sched.counts if lookup is None else lookup[0],
+      first=sched.first if lookup is None else lookup[1],
+  )
+  if config.stream:  # committed tokens to the host, as the fixed-K loop sends them
+    streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
+  return AutoState(new, schedule)
+
+
+def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
+                auto: AutoK) -> AutoState:
+  """Run dynamic rounds until every row is done.
+
+  The outer `lax.while_loop` runs phases; a phase `lax.switch`es to the chosen K and
+  runs rounds at that K in an inner `while_loop` for as long as it `stays` (the best
+  K, or within `switch_margin` of it). The switch is entered once per change of K, not once per round: on
+  XLA CPU a conditional around the round cost about 10% of a batch-1 step, as the
+  whole decode state (KV caches included) passes in and out of it.
+  """
+  target, drafter = decode.prepared(target), decode.prepared(drafter)
+
+  def not_done(s: AutoState):
+    return jnp.any(~s.decode.done)
+
+  def remaining(s: AutoState):
+    return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
+
+  def pick(s: AutoState):
+    return choose(s.schedule, auto, remaining(s), s.schedule.counts)
+
+  def phase(index: int):
+    def run(s: AutoState) -> AutoState:
+      finished = jnp.sum(s.decode.done)  # rows done when the phase began
+      if auto.choices[index] == 0 and not hasattr(drafter, "lookup"):
+        # Plain rounds of a drafter without a lookup bring no evidence, and every active
+        # row moves one token (the critical rows stay the same), so the choice can only
+        # change when a row finishes or a probe falls due: test just that, not `stays`,
+        # whose few dozen scalar ops cost a few percent of a small model's step on a CPU.
+        def same(s):
+          go = not_done(s) & (jnp.sum(s.decode.done) == finished)
+          return go & (s.schedule.idle < s.schedule.gap) if auto.probe_every else go
+      else:
+        same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), s.schedule.counts,
+                                             index)
+
+      # The phase's first round runs unconditionally (the switch chose it), later ones
+      # while the choice stays. One round in the body, not a first round before the
+      # loop and another inside it: each copy compiles the verify of this K again,
+      # which doubled the compile time of "auto". Catching the drafter up is a test
+      # that finds nothing to feed after a drafting round.
+      def body(carry):
+        s, _ = carry
+        return fixed_round(target, drafter, s, config, auto, index, sync=True), jnp.bool_(False)
+
+      def go(carry):
+        s, first = carry
+        return first | same(s)
+
+      return lax.while_loop(go, body, (s, jnp.bool_(True)))[0]
+    return run
+
+  phases = [phase(i) for i in range(len(auto.choices))]
+  with jax.named_scope("auto_loop"):
+    return lax.while_loop(not_done, lambda s: lax.switch(pick(s), phases, s), state)

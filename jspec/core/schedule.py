@@ -1,0 +1,256 @@
+"""The schedule of dynamic speculation: which K the next round uses (pure math).
+
+`num_draft_tokens="auto"` (or an `AutoK`) compiles a round for each of a few K (0 =
+plain decoding, no drafter call) into one loop (`jspec.core.dynamic`). Before every round
+it picks the K with the most expected tokens per unit of time:
+
+    a_b        = (accepted_b + prior * prior_weight) / (judged_b + prior_weight)
+    tokens_b(K)= (1 - a_b^(K+1)) / (1 - a_b)      (Leviathan et al. 2022)
+    K*         = argmax_K min_b tokens_b(K) / cost(K)
+                 b over the critical rows (active, with the most tokens to go);
+                 cost(K) = time of one whole round at K (cost(0): a plain round)
+
+A drafter that can have fewer drafts than K (n-gram lookup: as many as the match
+gives) is credited tokens(min(K, count)). The loop keeps its current K while that
+K's rate stays within `switch_margin` of the best: a change of K leaves the inner
+loop for the outer one (a conditional, and the draft model's catch-up call), and
+when two K are nearly tied, or the lookup's count moves from round to round, a
+schedule without that margin changed K every two to four rounds on the shipped pair.
+
+The costs come from the call (`AutoK.costs`), from a profile timed and saved before
+(`jspec profile`, `jspec.tools.profile.profile_auto`), or from the prior of `jspec.core.cost_model` (the
+models' bytes and FLOPs against the device's measured bandwidth and compute). A call
+never times anything itself. Every compiled K is a verify program of its own, so the
+first call's compile time grows with their number: `select` keeps at most
+`AutoK.variants` (on SmolLM2-135M, 2-core CPU: K in {0, 4} compiled in 19 s against
+14 s for K = 4 alone; six K took 35 s).
+
+Everything here is NumPy on the host or jnp inside the loop, with no state of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_GAP_FACTOR = 16  # probes back off to at most this many times `probe_every`
+DEFAULT_CHOICES = (0, 1, 2, 3, 4, 6)
+DEFAULT_VARIANTS = 3  # of the default choices, compiled at most
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoK:
+  """Static settings of dynamic speculation. Changing them recompiles.
+
+  choices: the K values the loop may use; 0 (speculation off) should be one. Of
+    these, at most `variants` are compiled (`select`).
+  prior: acceptance assumed before any evidence.
+  prior_weight: how many judged drafts the prior is worth.
+  decay: factor on the evidence per drafting round (1 = never forget).
+  probe_every: after this many rounds in a row at K = 0, draft once at the best
+    K >= 1 to refresh the estimate (0: never); each probe that does not bring
+    drafting back doubles the wait, up to 16 x probe_every.
+  ceiling: the most optimistic acceptance; a K that loses to plain decoding even
+    at this acceptance is not compiled, and when every K > 0 loses the call runs
+    the plain decoding program (no drafter at all).
+  switch_margin: keep the current K while its expected rate is at least
+    (1 - switch_margin) of the best K's (hysteresis; 0 changes K whenever another
+    is ahead). It bounds what staying can lose per round.
+  costs: optional per-choice round costs (any time unit, same order as
+    `choices`). None: a profile saved in `cache_dir` for these models and shapes
+    (`jspec profile`, `jspec.tools.profile.profile_auto`), else the prior of `jspec.core.cost_model` (no timing).
+  variants: how many choices are compiled into the loop at most, 0 included. Each
+    is a verify program of its own: compile time grows with it (module docstring).
+    None: 3 of the default choices, or every one of choices given explicitly.
+  cache_dir: a folder of saved profiles (`jspec profile --cache-dir`); None: the
+    default, $JSPEC_CACHE_DIR or ~/.cache/jspec. Read only; nothing is timed in a call.
+  """
+
+  choices: tuple[int, ...] = DEFAULT_CHOICES
+  prior: float = 0.6
+  prior_weight: float = 4.0
+  decay: float = 0.95
+  probe_every: int = 64
+  ceiling: float = 0.9
+  switch_margin: float = 0.05
+  costs: tuple[float, ...] | None = None
+  variants: int | None = None
+  cache_dir: str | None = None
+
+  def __post_init__(self):
+    ks = self.choices
+    if (not isinstance(ks, tuple) or not ks or len(set(ks)) != len(ks)
+        or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in ks)):
+      raise ValueError(f"AutoK.choices must be a tuple of distinct integers >= 0, got {ks!r}")
+    if max(ks) < 1:
+      raise ValueError(f"AutoK.choices needs at least one K >= 1, got {ks!r}")
+    for name in ("prior", "ceiling"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"AutoK.{name} must lie in [0, 1), got {getattr(self, name)!r}")
+    if not self.prior_weight > 0 or not 0.0 < self.decay <= 1.0:
+      raise ValueError(f"AutoK needs prior_weight > 0 and decay in (0, 1], got "
+                       f"{self.prior_weight!r}, {self.decay!r}")
+    if not 0.0 <= self.switch_margin < 1.0:
+      raise ValueError(f"AutoK.switch_margin must lie in [0, 1), got {self.switch_margin!r}")
+    if isinstance(self.probe_every, bool) or not isinstance(self.probe_every, int) \
+        or self.probe_every < 0:
+      raise ValueError(f"AutoK.probe_every must be an integer >= 0, got {self.probe_every!r}")
+    if self.costs is not None and (len(self.costs) != len(ks)
+                                   or not all(float(c) > 0 for c in self.costs)):
+      raise ValueError(f"AutoK.costs must hold one positive cost per choice {ks}, "
+                       f"got {self.costs!r}")
+
+    if self.variants is not None and (isinstance(self.variants, bool)
+                                      or not isinstance(self.variants, int) or self.variants < 2):
+      raise ValueError(f"AutoK.variants must be an integer >= 2 (K = 0 and one K >= 1), "
+                       f"got {self.variants!r}")
+
+  @property
+  def compiled(self) -> int:
+    """How many choices `select` keeps at most."""
+    if self.variants is not None:
+      return self.variants
+    return DEFAULT_VARIANTS if self.choices == DEFAULT_CHOICES else len(self.choices)
+
+  @property
+  def max_k(self) -> int:
+    """The largest K compiled (sets the cache slack and the accept histogram's size)."""
+    return max(self.choices)
+
+
+def expected_tokens(a, ks):
+  """Expected tokens per round at per-draft acceptance a with K drafts: (1-a^(K+1))/(1-a).
+
+  NumPy in, NumPy out (host-side pruning, no device round trip); traced in, traced out.
+  """
+  xp = jnp if any(isinstance(x, jax.Array) for x in (a, ks)) else np
+  a = xp.clip(a, 0.0, 0.999)
+  return (1.0 - a ** (ks + 1.0)) / (1.0 - a)
+
+
+def worthwhile(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
+  """The choices (and their costs) that can beat plain decoding at `auto.ceiling`.
+
+  0 is always kept when it was offered. Returns the pruned (choices, costs).
+  """
+  ks = np.asarray(auto.choices, np.float64)
+  c = np.asarray(costs, np.float64)
+  rate = expected_tokens(np.float64(auto.ceiling), ks) / c
+  base = rate[ks == 0][0] if np.any(ks == 0) else 0.0
+  keep = (ks == 0) | (rate > base)
+  return (tuple(int(k) for k in ks[keep]), tuple(float(x) for x in c[keep]))
+
+
+def select(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
+  """The choices to compile (and their costs): those that can beat plain decoding at
+  `auto.ceiling` (`worthwhile`), then at most `auto.compiled` of them.
+
+  When more remain, 0 stays and the K >= 1 kept are those that are the best choice
+  over the widest range of acceptance rates in [0, ceiling]: the K the schedule would
+  pick at some plausible acceptance, not those that are never anyone's best.
+  """
+  ks, cs = worthwhile(auto, costs)
+  if len(ks) <= auto.compiled:
+    return ks, cs
+  k_arr, c_arr = np.asarray(ks, np.float64), np.asarray(cs, np.float64)
+  grid = np.linspace(0.0, auto.ceiling, 64)
+  rate = expected_tokens(grid[:, None], k_arr[None, :]) / c_arr[None, :]  # [A, C]
+  wins = np.bincount(np.argmax(rate, axis=1), minlength=len(ks)).astype(np.float64)
+  # Ties in wins: the K with the better rate at the ceiling.
+  score = wins + 1e-6 * rate[-1] / rate[-1].max()
+  score[k_arr == 0] = np.inf
+  keep = np.sort(np.argsort(-score)[:auto.compiled])
+  return tuple(ks[i] for i in keep), tuple(cs[i] for i in keep)
+
+
+def monotone(choices, costs) -> tuple[float, ...]:
+  """The closest costs (least squares) that do not fall as K grows.
+
+  A round with more drafts never costs less; a measurement that says so is noise
+  (a burst of load during one timing), and left alone it would make the schedule
+  prefer that K. Pool-adjacent-violators over the choices sorted by K.
+  """
+  order = np.argsort(np.asarray(choices))
+  blocks = []  # [mean, weight]
+  for c in np.asarray(costs, np.float64)[order]:
+    blocks.append([c, 1])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      (m2, w2), (m1, w1) = blocks.pop(), blocks.pop()
+      blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2])
+  fitted = np.concatenate([[m] * w for m, w in blocks])
+  out = np.empty_like(fitted)
+  out[order] = fitted
+  return tuple(float(x) for x in out)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ScheduleState:
+  """The running acceptance estimate and the drafter's catch-up point."""
+
+  costs: jax.Array  # [C] f32 round cost per choice
+  accepted: jax.Array  # [B] f32 decayed count of accepted drafts, per row
+  judged: jax.Array  # [B] f32 decayed count of judged drafts, per row
+  synced: jax.Array  # [B] int32 leading slots the drafter's state is current for
+  idle: jax.Array  # [] int32 rounds in a row without drafting
+  gap: jax.Array  # [] int32 idle rounds before the next probe (doubles after each probe)
+  rounds: jax.Array  # [C] int32 rounds run with each choice
+  # [B] int32 drafts a lookup drafter has for each row's next round (`proposal_counts`,
+  # computed once per round, after it); max_k for other drafters.
+  counts: jax.Array
+  # [B] int32 the lookup's first draft for that round (0 for other drafters): a round
+  # at K = 0 scores it against the token the target emits (`fixed_round`).
+  first: jax.Array
+
+
+def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
+  """(rate [C] expected tokens per unit cost of each choice for the critical rows,
+  the chosen index, whether a probe is due); see `choose`."""
+  rows = ((schedule.accepted + auto.prior * auto.prior_weight)
+          / (schedule.judged + auto.prior_weight))  # [B]
+  critical = (remaining > 0) & (remaining == jnp.max(remaining))  # [B]
+  ks = jnp.asarray(auto.choices, jnp.float32)[None, :]  # [1, C]
+  drafts = ks if counts is None else jnp.minimum(ks, counts[:, None].astype(ks.dtype))  # [B|1, C]
+  tokens = expected_tokens(rows[:, None], drafts)  # [B, C]
+  # The critical row that gains least sets the pace (1 token: all rows done).
+  pace = jnp.min(jnp.where(critical[:, None], tokens, jnp.inf), axis=0)  # [C]
+  rate = jnp.where(jnp.any(critical), pace, 1.0) / schedule.costs  # [C]
+  best = jnp.argmax(rate).astype(jnp.int32)
+  if not auto.probe_every:
+    return rate, best, jnp.zeros((), jnp.bool_)
+  # Only a K with drafts to judge: some critical row has one.
+  judged = jnp.any(critical[:, None] & (drafts > 0), axis=0)  # [C]
+  probe_rate = jnp.where(judged, rate, -jnp.inf)
+  probe = jnp.argmax(probe_rate).astype(jnp.int32)
+  due = (schedule.idle >= schedule.gap) & jnp.any(judged)
+  return rate, jnp.where(due, probe, best), due
+
+
+def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
+  """Index into `auto.choices` of the K with the most expected tokens per unit cost
+  for the critical rows: the active rows with the most tokens still to generate, and
+  among them the one whose expected tokens at that K are fewest.
+
+  remaining: [B] int32 tokens each row still has to generate (<= 0: done). The loop
+  runs until its last row is done, so the batch advances at the pace of the row
+  furthest behind, not at the batch's mean acceptance: rows that copy their context
+  finish early and then idle while a row the drafter cannot guess sets the length.
+  Rows tied for the most tokens to go (every row of a batch that asked for one
+  length, at the start) are all behind: the one the drafts serve worst sets the pace.
+  counts: optional [B] int32, how many drafts the drafter proposes for each row this
+  round (`proposal_counts`). A K above a row's count is credited only the drafts it
+  has (at a K's cost), so it never beats K = count; with no drafts at all every K > 0
+  is a plain step at a higher cost.
+  """
+  return _rates(schedule, auto, remaining, counts)[1]
+
+
+def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
+  """Whether the loop keeps choice `index` (static) for the next round: it is the
+  best, or within `auto.switch_margin` of the best's rate and no probe is due."""
+  rate, best, due = _rates(schedule, auto, remaining, counts)
+  close = rate[index] >= (1.0 - auto.switch_margin) * jnp.max(rate)
+  return (best == index) | (close & ~due)

@@ -1,0 +1,177 @@
+"""A small autoregressive model as the drafter.
+
+The draft keeps its own KV cache under the decode-state invariant: it holds K/V
+for t_0..t_{L-2}. A round (K drafts, K draft calls):
+
+    committed:  t0 ... t(L-3) t(L-2) | t(L-1)
+    call 0:                  [t(L-2) t(L-1)]  at slots L-2, L-1   -> q_1, d_1
+    call i:                  [d_i]            at slot  L-1+i      -> q_{i+1}, d_{i+1}
+
+Call 0 re-feeds t(L-2): when the previous round accepted all K drafts, d_K (now
+t(L-2)) was never fed to the draft; when it was, rewriting the same slot with the
+same token is harmless. A row with L = 1 starts its two-token block at slot 0 and
+reads its prediction at offset 0; the scratch slot it writes is rewritten before
+anything attends to it.
+
+With `params=None` (every row greedy, static) the drafts are the draft model's
+argmax and q is None (one-hot at the drafts): no V-wide probabilities, no sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jspec.core import prefill, sampling
+from jspec.core.drafter import DraftContext
+from jspec.core.model import Model
+from jspec.core.tree import top_ranked
+
+SYNC_CHUNK = 16  # tokens per catch-up call after rounds without drafting
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftModel:
+  """Drafts with a `jspec.Model` sampled at the rows' own settings (argmax when
+  `params` is None)."""
+
+  model: Model
+
+  @property
+  def vocab_size(self) -> int:
+    """The draft model's vocabulary size (must equal the target's)."""
+    return self.model.vocab_size
+
+  def prepared(self) -> "DraftModel":
+    """This drafter over the draft model's decoding-form params (`Model.prepared`)."""
+    return DraftModel(self.model.prepared())
+
+  def init(self, tokens, prompt_lengths, cache_length: int):
+    """`Drafter.init`: a [B, S] KV cache with the prompts prefilled (all but the last token).
+
+    tokens [B, P] int32 right-padded prompts; returns the draft model's cache pytree.
+    """
+    B, P = tokens.shape
+    cache = self.model.init_cache(B, cache_length)
+    if P > 1:  # prefill t_0..t_{P-2}; rows with shorter prompts overwrite the excess later
+      with jax.named_scope("draft_prefill"):
+        cache, _ = prefill.prefill(self.model, tokens, prompt_lengths, cache)
+    return cache
+
+  def propose(self, cache, context: DraftContext, num_drafts: int,
+              params: sampling.SamplingParams | None, keys):
+    """`Drafter.propose`: K draft calls (one 2-token call, then K-1 one-token calls).
+
+    Returns drafts [B, K] int32, q [B, K, V] f32 (None when `params` is None:
+    argmax drafts, one-hot q) and the updated cache.
+    """
+    greedy = params is None  # static
+
+    def draw(logits, i):  # logits [B, V] -> d [B], q [B, V] (None when greedy)
+      if greedy:
+        return sampling.greedy_tokens(logits), None
+      q = sampling.probabilities(logits[:, None], params)[:, 0]
+      return sampling.sample(sampling.fold(keys, i), q), q
+
+    L = context.lengths
+    start = jnp.maximum(L - 2, 0)
+    last_two = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (2,)))(context.tokens, start)
+    with jax.named_scope("draft_rollout"):
+      logits, _, cache = self.model.apply(last_two, cache, start)  # [B, 2, V]
+      offset = (L - 1) - start  # [B] 0 or 1
+      logits = jnp.take_along_axis(logits, offset[:, None, None], axis=1)[:, 0]  # [B, V]
+      d_first, q_first = draw(logits, 0)
+
+      def step(carry, i):
+        cache, token = carry
+        logits, _, cache = self.model.apply(token[:, None], cache, L - 1 + i)
+        d, q = draw(logits[:, 0], i)
+        return (cache, d), (d, q)
+
+      (cache, _), (d_rest, q_rest) = lax.scan(
+          step, (cache, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
+    drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
+    if greedy:
+      return drafts, None, cache
+    q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
+    return drafts, q, cache
+
+  def propose_tree(self, cache, context: DraftContext, tree, params, keys):
+    """`Drafter.propose_tree`: node i's token is the ranks[i]-th most likely token
+    of the draft's distribution at its parent (SpecInfer-style expansion).
+
+    The accepted path of the previous round sits at scattered tree slots in the
+    draft's cache, so a catch-up call first re-feeds the last D+1 committed
+    tokens (slots L-2-D .. L-2: at most D of them were accepted drafts). Then one
+    call per depth feeds the tree so far, root at slot L-1, with the ancestor mask
+    (the contract shows a block every slot before it, so a level cannot be fed on
+    its own without seeing its parents' siblings). Ranks do not depend on
+    temperature, so `params` and `keys` are unused.
+
+    Returns candidates [B, N-1] int32 and the updated cache.
+    """
+    del params, keys
+    L = context.lengths
+    S = context.tokens.shape[1]
+    D, N = tree.max_depth, tree.num_nodes
+    W = D + 1
+    with jax.named_scope("draft_tree"):
+      s = jnp.clip(L - 1 - W, 0, S - W)
+      recent = jax.vmap(lambda row, st: lax.dynamic_slice(row, (st,), (W,)))(context.tokens, s)
+      _, _, cache = self.model.apply(recent, cache, s)
+      root_slot = jnp.maximum(L - 1, 0)
+      root = jnp.take_along_axis(context.tokens, root_slot[:, None], axis=1)  # [B, 1]
+      nodes = jnp.concatenate([root, jnp.zeros((L.shape[0], N - 1), jnp.int32)], axis=1)
+      levels = tree.level_slices
+      ranks = np.asarray(tree.ranks)
+      for d in range(1, D + 1):
+        _, stop = levels[d - 1]
+        logits, _, cache = self.model.apply(
+            nodes[:, :stop], cache, root_slot,
+            block_mask=jnp.asarray(tree.ancestors[:stop, :stop]),
+            depth=jnp.asarray(tree.depths[:stop]))
+        lo, hi = levels[d]
+        plo, _ = levels[d - 1]
+        width = int(ranks[lo:hi].max()) + 1
+        top = top_ranked(logits[:, plo:stop], width)  # [B, parents' level, width]
+        parents = np.asarray(tree.parents[lo:hi]) - plo
+        picked = top[:, parents, ranks[lo:hi]].astype(jnp.int32)  # [B, hi-lo]
+        nodes = nodes.at[:, lo:hi].set(picked)
+    return nodes[:, 1:], cache
+
+  def sync(self, cache, context: DraftContext, synced, chunk: int = SYNC_CHUNK):
+    """Feed the committed tokens the draft missed while it was not called.
+
+    synced [B]: slots below it hold current K/V. Afterwards slots below L-2 do,
+    which is what `propose` expects. Rounds without drafting (dynamic K = 0) leave
+    gaps; the missed tokens go in with one call per `chunk` tokens, in order, each
+    block attending to the slots already fed. A row with nothing to catch up
+    rewrites slots at or beyond L-2 with the buffer's contents, which `propose`
+    and later drafts overwrite before anything attends to them.
+
+        before:  t0 .. t(synced-1) | stale ............ | t(L-2) t(L-1)
+        after:   t0 ................................ t(L-3) | (fed by propose)
+    """
+    L = context.lengths
+    S = context.tokens.shape[1]
+    W = min(chunk, S)
+
+    def missing(carry):
+      pos, _ = carry
+      return jnp.any(pos < L - 2)
+
+    def feed(carry):
+      pos, cache = carry
+      start = jnp.clip(pos, 0, S - W)
+      block = jax.vmap(lambda row, s: lax.dynamic_slice(row, (s,), (W,)))(context.tokens, start)
+      with jax.named_scope("draft_sync"):
+        _, _, cache = self.model.apply(block, cache, start)
+      return start + W, cache
+
+    _, cache = lax.while_loop(missing, feed, (synced.astype(jnp.int32), cache))
+    return cache

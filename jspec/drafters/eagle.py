@@ -1,0 +1,388 @@
+"""EAGLE: a one-layer head that drafts in the target's feature space (Li et al. 2024).
+
+The head reads the target's own final hidden state (its "feature") and predicts
+the next one; the target's frozen LM head turns predicted features into draft
+distributions, and the target's frozen token embedding feeds the tokens back in:
+
+    pair at slot j:   (h_{j-1}, e(t_j))       h_{-1} = 0 for slot 0
+    x_j  = fc([h_{j-1}; e(t_j)])              fc: [2D, D] + bias
+    f^_j = decoder_layer(x_j | pairs at slots <= j)   ~ h_j
+    logits(f^_j) = LM_head(f^_j)              predicts t_{j+1}
+
+The decoder layer is the target family's (RMSNorm pre-norm, RoPE, GQA, SwiGLU),
+with its own K/V cache of one layer, [B, Hkv, Dh, S] and [B, Hkv, S, Dh].
+
+Decode-state invariant: at the start of `propose` the cache holds the true pairs
+for slots <= feature_start (everything before the catch-up block); anything past
+that is scratch. A chain round (K drafts):
+
+    catch-up, one call:  pairs (h_{fs+j}, e(t_{fs+1+j})), j < F, at slots fs+1 .. fs+F
+                         -> f^_{L-1} (entry L-1-(fs+1))  -> d_1
+    step i = 1..K-1:     pair (f^_{L-2+i}, e(d_i)) at slot L-1+i  -> f^_{L-1+i} -> d_{i+1}
+
+Catch-up entries past the newest valid feature (h_{L-2}) write scratch slots,
+which the next catch-up overwrites before anything attends to them: the next
+round starts at fs' = L0 - 1, one slot past the last trusted one. The steps
+feed predicted features into slots the verify round may commit; the next
+catch-up replaces those with the target's own.
+
+Tree rounds (`propose_tree`) run the same catch-up, then draft level by level:
+node i sits at slot L-1+i with RoPE position L-1+depth(i) and sees the committed
+prefix (slots < L-1) and its own ancestors; its token is the ranks[i]-th most
+likely token of the distribution at its parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jspec.core import sampling
+from jspec.drafters import params_io
+from jspec.core.model import Model
+from jspec.core.tree import top_ranked
+# The head's config, params and layer (eagle_head); EagleConfig and init_params are public here.
+from jspec.drafters.eagle_head import (  # noqa: F401
+    EagleConfig, _causal, _forward, _tree_visibility, check_params, init_params, param_shapes,
+    target_head)
+
+FORMAT = "jspec-eagle"
+FORMAT_VERSION = 1
+CONFIG_FILE = "eagle_config.json"
+PARAMS_DIR = "params"
+
+
+# ----------------------------------------------------------------------------- the head
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Eagle:
+  """An EAGLE drafter: head params plus the target's frozen embedding and LM head.
+
+  A pytree (params, embedding and LM head are leaves; shapes and constants
+  static), usable as a `jspec` drafter with target features (`uses_features`).
+  """
+
+  params: Any  # head params (see `param_shapes`)
+  embed: jax.Array  # [V, D] the target's token embedding (frozen)
+  lm_head: jax.Array | None  # [D, V] the target's LM head; None: tied to `embed`
+  config: EagleConfig = dataclasses.field(metadata=dict(static=True))
+  embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
+  final_logit_softcapping: float | None = dataclasses.field(
+      default=None, metadata=dict(static=True))
+
+  uses_features = True  # the decode loop passes target hidden states (not a field)
+
+  @classmethod
+  def from_target(cls, target: Model, head_params, config: EagleConfig | None = None) -> "Eagle":
+    """Attach head params to `target`'s embedding and LM head (shared, not copied).
+
+    config: the head's `EagleConfig`; None derives it from the target (one of its layers).
+    """
+    if not isinstance(target, Model):
+      raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+    head = target.head()
+    if config is None:
+      config = EagleConfig.for_target(target.config)
+    V, D = head.embed.shape
+    if config.hidden_size != D or config.vocab_size != V:
+      raise ValueError(f"EAGLE head (hidden {config.hidden_size}, vocab {config.vocab_size}) does "
+                       f"not fit the target (hidden {D}, vocab {V})")
+    check_params(head_params, config)
+    return cls(params=head_params, embed=head.embed, lm_head=head.lm_head, config=config,
+               embedding_multiplier=head.embedding_multiplier,
+               final_logit_softcapping=head.final_logit_softcapping)
+
+  @property
+  def vocab_size(self) -> int:
+    """V (the target's)."""
+    return int(self.config.vocab_size)
+
+  # ------------------------------------------------------------------ pieces
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """e(t) as the target computes it: tokens [B, T] -> [B, T, D]."""
+    x = jnp.take(self.embed, tokens, axis=0)
+    if self.embedding_multiplier != 1.0:
+      x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
+    return x
+
+  def logits(self, features: jax.Array) -> jax.Array:
+    """The target's LM head: features [B, T, D] -> f32 logits [B, T, V]."""
+    if self.lm_head is None:
+      out = jnp.einsum("btd,vd->btv", features.astype(self.embed.dtype), self.embed,
+                       preferred_element_type=jnp.float32)
+    else:
+      out = jnp.einsum("btd,dv->btv", features.astype(self.lm_head.dtype), self.lm_head,
+                       preferred_element_type=jnp.float32)
+    if self.final_logit_softcapping:
+      cap = self.final_logit_softcapping
+      out = jnp.tanh(out / cap) * cap
+    return out
+
+  def init_cache(self, batch: int, length: int, dtype=None) -> dict:
+    """Zeroed K/V of the head's one layer for `batch` rows of `length` slots (dtype: the
+    head's)."""
+    c = self.config
+    dtype = self.params["fc"]["kernel"].dtype if dtype is None else dtype
+    return {"k": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype),
+            "v": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype)}
+
+  def forward(self, params, features, tokens, cache, slots, positions, visible):
+    """The head on a block of pairs.
+
+    features [B, T, D] (h_{j-1} per pair), tokens [B, T] int32 (t_j);
+    slots [B, T] cache slots the pairs' K/V go to (>= S: dropped);
+    positions [B, T] RoPE positions; visible bool [B, T, S] (with a cache) or
+    [B, T, T] (cache None: attention inside the block only, for training).
+    Returns predicted features [B, T, D] and the cache.
+    """
+    return _forward(self.config, params, features, self.embed_tokens(tokens), cache, slots,
+                    positions, visible)
+
+  # ------------------------------------------------------------------ drafter protocol
+
+  def init(self, tokens, prompt_lengths, cache_length: int, features):
+    """`Drafter.init` with features: the head's cache with the prompt's pairs prefilled.
+
+    tokens [B, P] int32 right-padded; features [B, P-1, D] target hidden at slots
+    0..P-2. Slot j <= P-1 gets (h_{j-1}, e(t_j)); rows with shorter prompts get
+    scratch beyond their own, which catch-up blocks rewrite before use.
+    """
+    del prompt_lengths  # rows' excess slots are scratch under the invariant
+    B, P = tokens.shape
+    D = self.config.hidden_size
+    features = jnp.asarray(features)
+    if features.ndim != 3 or features.shape[:2] != (B, P - 1) or features.shape[2] != D:
+      raise ValueError(f"features must be [B, P-1, D] = [{B}, {P - 1}, {D}], got "
+                       f"{features.shape}")
+    cache = self.init_cache(B, cache_length)
+    feats = jnp.concatenate([jnp.zeros((B, 1, D), features.dtype), features], axis=1)
+    slots = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (B, P))
+    with jax.named_scope("eagle_prefill"):
+      _, cache = self.forward(self.params, feats,
+                              tokens.astype(jnp.int32), cache, slots, slots,
+                              _causal(slots, cache_length))
+    return cache
+
+  def _catch_up(self, cache, context):
+    """Feed the F pairs the features describe; returns f^_{L-1} [B, D] and the cache."""
+    feats = getattr(context, "features", None)
+    if feats is None or getattr(context, "feature_start", None) is None:
+      raise ValueError("EAGLE drafts from the target's features: the context needs `features` "
+                       "and `feature_start` (a decode loop that honours `uses_features`)")
+    B, F, D = feats.shape
+    if F < 1:
+      raise ValueError("EAGLE needs at least one feature entry per round (F >= 1)")
+    if D != self.config.hidden_size:
+      raise ValueError(f"features have width {D}, the head expects {self.config.hidden_size}")
+    L = context.lengths.astype(jnp.int32)
+    fs = context.feature_start.astype(jnp.int32)
+    S_tok = context.tokens.shape[1]
+    start = jnp.maximum(fs + 1, 0)  # slots below 0 do not exist: shift the block right
+    j = jnp.arange(F, dtype=jnp.int32)[None, :]
+    slots = start[:, None] + j  # [B, F]
+    entry = slots - 1 - fs[:, None]  # feature entry holding h_{slot-1}
+    valid = (slots >= 1) & (entry >= 0) & (entry < F)  # slot 0's pair has no feature (zeros)
+    f_in = jnp.take_along_axis(feats, jnp.clip(entry, 0, F - 1)[:, :, None], axis=1)
+    f_in = jnp.where(valid[:, :, None], f_in, jnp.zeros((), f_in.dtype))
+    toks = jnp.take_along_axis(context.tokens, jnp.clip(slots, 0, S_tok - 1), axis=1)
+    with jax.named_scope("eagle_catch_up"):
+      out, cache = self.forward(self.params, f_in, toks, cache, slots,
+                                slots, _causal(slots, cache["k"].shape[3]))
+    at = jnp.clip(L - 1 - start, 0, F - 1)
+    f_last = jnp.take_along_axis(out, at[:, None, None], axis=1)[:, 0]  # f^_{L-1} [B, D]
+    return f_last, cache
+
+  def propose(self, cache, context, num_drafts: int, params: sampling.SamplingParams | None,
+              keys):
+    """`Drafter.propose`: one catch-up call, then K-1 one-pair steps.
+
+    context: a `DraftContext` with `features` [B, F, D] and `feature_start` [B].
+    Returns drafts [B, K] int32, q [B, K, V] f32 (None when `params` is None:
+    argmax drafts) and the updated cache.
+    """
+    greedy = params is None  # static
+    S = cache["k"].shape[3]
+
+    def draw(f, i):  # f [B, D] -> d [B], q [B, V] or None
+      logits = self.logits(f[:, None])[:, 0]
+      if greedy:
+        return sampling.greedy_tokens(logits), None
+      q = sampling.probabilities(logits[:, None], params)[:, 0]
+      return sampling.sample(sampling.fold(keys, i), q), q
+
+    with jax.named_scope("eagle_propose"):
+      f_last, cache = self._catch_up(cache, context)
+      d_first, q_first = draw(f_last, 0)
+      L = context.lengths.astype(jnp.int32)
+
+      def step(carry, i):
+        cache, f_prev, token = carry
+        slot = (L - 1 + i)[:, None]  # [B, 1]
+        out, cache = self.forward(self.params, f_prev[:, None], token[:, None], cache, slot, slot,
+                                  _causal(slot, S))
+        f = out[:, 0]
+        d, q = draw(f, i)
+        return (cache, f, d), (d, q)
+
+      (cache, _, _), (d_rest, q_rest) = lax.scan(
+          step, (cache, f_last, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
+    drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
+    if greedy:
+      return drafts, None, cache
+    q = jnp.concatenate([q_first[:, None], q_rest.transpose(1, 0, 2)], axis=1)  # [B, K, V]
+    return drafts, q, cache
+
+  def propose_tree(self, cache, context, tree, params=None, keys=None):
+    """Tree drafting: candidates [B, N-1] int32 (node i's token at column i-1) and the cache.
+
+    Deterministic top-k (no q): node i's token is the ranks[i]-th most likely
+    token of the draft distribution at node parents[i]. `params` and `keys` are
+    unused (the loop accepts tree candidates without a draft distribution).
+    """
+    del params, keys
+    parents = np.asarray(tree.parents, np.int64)
+    ranks = np.asarray(tree.ranks, np.int64)
+    depths = np.asarray(tree.depths, np.int64)
+    ancestors = np.asarray(tree.ancestors, bool)
+    N = parents.shape[0]
+    if N < 2:
+      raise ValueError("a draft tree needs at least one node besides the root")
+    levels = list(tree.level_slices)
+    R = int(ranks[1:].max()) + 1
+    if R > self.vocab_size:
+      raise ValueError(f"tree ranks go up to {R - 1}, beyond the vocabulary ({self.vocab_size})")
+    S = cache["k"].shape[3]
+    L = context.lengths.astype(jnp.int32)
+    root = L - 1  # [B] slot of node 0
+    anc = jnp.asarray(ancestors)  # [N, N]
+
+    with jax.named_scope("eagle_propose_tree"):
+      f_root, cache = self._catch_up(cache, context)
+      feats = {0: f_root}  # node -> predicted feature [B, D] (only nodes with children)
+      tokens = {}  # node -> token [B]
+      top = {}  # parent node -> top-R tokens [B, R]
+
+      def top_tokens(nodes):
+        f = jnp.stack([feats[i] for i in nodes], axis=1)  # [B, n, D]
+        idx = top_ranked(self.logits(f), R)  # ties: lowest id first, like argmax
+        for col, i in enumerate(nodes):
+          top[i] = idx[:, col].astype(jnp.int32)
+
+      top_tokens([0])
+      for d, (a, b) in enumerate(levels):
+        if d == 0:
+          continue
+        nodes = list(range(a, b))
+        for i in nodes:
+          tokens[i] = top[int(parents[i])][:, int(ranks[i])]
+        expanding = [i for i in nodes if np.any(parents == i)]
+        if not expanding:
+          continue
+        # Feed the level's expanding nodes: (parent's feature, own token) at slot L-1+i.
+        idx = np.asarray(expanding, np.int32)
+        f_in = jnp.stack([feats[int(parents[i])] for i in expanding], axis=1)  # [B, T, D]
+        t_in = jnp.stack([tokens[i] for i in expanding], axis=1)  # [B, T]
+        slots = root[:, None] + jnp.asarray(idx)[None, :]  # [B, T]
+        positions = root[:, None] + jnp.asarray(depths[idx].astype(np.int32))[None, :]
+        visible = _tree_visibility(root, anc[idx], S)
+        out, cache = self.forward(self.params, f_in, t_in, cache, slots, positions, visible)
+        for col, i in enumerate(expanding):
+          feats[i] = out[:, col]
+        top_tokens(expanding)
+    candidates = jnp.stack([tokens[i] for i in range(1, N)], axis=1)  # [B, N-1]
+    return candidates.astype(jnp.int32), cache
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def features_for_training(eagle: Eagle, params, hidden: jax.Array, tokens: jax.Array,
+                          noise: jax.Array | None = None) -> jax.Array:
+  """Cache-free teacher-forced head pass over a window: f^ [B, T, D].
+
+  hidden [B, T, D] the target's features h_0..h_{T-1} for tokens [B, T]; the
+  pair at position j is (h_{j-1}, e(t_j)) (zeros at j = 0), causal attention
+  inside the window, positions 0..T-1 (the target's own for the window).
+  noise [B, T, D] (optional) is added to the input features.
+  """
+  B, T, D = hidden.shape
+  prev = jnp.concatenate([jnp.zeros((B, 1, D), hidden.dtype), hidden[:, :-1]], axis=1)
+  if noise is not None:
+    prev = prev + noise.astype(prev.dtype)
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+  visible = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool))[None], (B, T, T))
+  out, _ = eagle.forward(params, prev, tokens, None, positions, positions, visible)
+  return out
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | None = None,
+               dtype=None) -> None:
+  """Write an EAGLE head into `path` (new or empty): params/ (orbax) and eagle_config.json.
+
+  params: an `Eagle` (its head params and config are saved) or a head-params dict
+  together with its `config`.
+  meta: JSON-ready extra information kept in the config file.
+  dtype: cast floating-point params to this dtype on disk (e.g. "bfloat16").
+  The config file is written last (`jspec.drafters.params_io`): a directory without it never loads.
+  """
+  if isinstance(params, Eagle):
+    config = params.config if config is None else config
+    params = params.params
+  if not isinstance(params, dict):
+    raise TypeError(f"save_eagle takes an Eagle or a head-params dict, got "
+                    f"{type(params).__name__}")
+  if config is None:
+    raise ValueError("save_eagle needs config= (an EagleConfig) with a bare params dict: the "
+                     "vocabulary size and constants are not in the shapes")
+  check_params(params, config)
+  if dtype is not None:
+    dt = jnp.dtype(dtype)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
+  params_io.save_dir(path, PARAMS_DIR, params, CONFIG_FILE,
+                     {"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
+                      "meta": meta or {}})
+
+
+def read_config(path) -> tuple[EagleConfig, dict]:
+  """The `EagleConfig` and meta dict of a saved head, checked."""
+  path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "EAGLE head")
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not isinstance(meta.get("config"), dict):
+    raise ValueError(f"{config_path}: missing field 'config'")
+  try:
+    config = EagleConfig.from_dict(meta["config"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{config_path}: invalid EAGLE config: {e}") from e
+  return config, meta.get("meta") or {}
+
+
+def load_eagle(path, target: Model, dtype="float32") -> Eagle:
+  """An `Eagle` for `target` from a directory written by `save_eagle`.
+
+  Checks, before reading any tensor: the config file, that the head fits the
+  target (hidden size and vocabulary), and every stored tensor's shape.
+  dtype: floating-point params are cast to it (default f32; None keeps stored).
+  """
+  config, _ = read_config(path)
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  embed, _ = target_head(target)  # a clear error for a target without an output head
+  V, D = embed.shape
+  if config.hidden_size != D or config.vocab_size != V:
+    raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
+                     f"vocab {config.vocab_size}; the target has hidden size {D} "
+                     f"and vocab {V}")
+  params = params_io.restore_checked(os.path.join(path, PARAMS_DIR), param_shapes(config), dtype,
+                                     "params", CONFIG_FILE)
+  return Eagle.from_target(target, params, config)

@@ -1,0 +1,211 @@
+"""The EAGLE head itself: its config, its params tree and its one decoder layer.
+
+`jspec.drafters.eagle` builds the drafter (`Eagle`: init, propose, propose_tree,
+save/load) on top of this. What lives here is the head's shape and the pure
+functions over it: the params' shapes, init and check, the target's frozen
+embedding and LM head, the attention masks the drafter's rounds use (causal,
+tree), the scatter of K/V into the head's one-layer cache, and the layer's
+forward pass. Split from eagle.py to keep each module readable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.core.model import Model
+from jspec.core import nn as layers
+
+
+# ----------------------------------------------------------------------------- config and params
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """Shape and constants of an EAGLE head (Hugging Face-style names)."""
+
+  hidden_size: int  # D, must equal the target's
+  vocab_size: int  # V, must equal the target's
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int
+  intermediate_size: int
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  initializer_range: float = 0.02
+
+  def __post_init__(self):
+    for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "intermediate_size"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"EagleConfig.{name} must be an integer >= 1, got {value!r}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                       f"num_key_value_heads ({self.num_key_value_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+  @classmethod
+  def for_target(cls, target_config, **overrides) -> "EagleConfig":
+    """The head config that copies one layer of the target: its config's fields of the
+    same names (a `jspec.models.TransformerConfig` has them all), `overrides` first.
+    A target config without some of them needs them in `overrides`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in overrides and not hasattr(target_config, n)]
+    if missing:
+      raise TypeError(f"EagleConfig.for_target: the target's config "
+                      f"({type(target_config).__name__}) has no {missing}; pass them as "
+                      f"keyword overrides or build an EagleConfig directly")
+    fields = {n: getattr(target_config, n) for n in names if n not in overrides}
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_dict(self) -> dict:
+    """JSON-ready fields; `from_dict` inverts it."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, fields: dict) -> "EagleConfig":
+    """Build from `to_dict` output; unknown fields are an error (a file from elsewhere)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+      raise ValueError(f"unknown EagleConfig fields {unknown}")
+    return cls(**fields)
+
+
+def param_shapes(config: EagleConfig) -> dict:
+  """The head's params tree as shapes (what `init_params` builds)."""
+  D, F = config.hidden_size, config.intermediate_size
+  H, Hkv, Dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+  return {
+      "fc": {"kernel": (2 * D, D), "bias": (D,)},
+      "layer": {
+          "attn_norm": {"scale": (D,)},
+          "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh), "wo": (H, Dh, D),
+          "mlp_norm": {"scale": (D,)},
+          "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
+      },
+  }
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def init_params(config: EagleConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+  """Random head params: normal(0, initializer_range) matrices, zero bias, unit norms."""
+  shapes = param_shapes(config)
+  is_shape = lambda x: isinstance(x, tuple)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_shape)
+  sizes = [int(np.prod(shape)) for _, shape in flat]
+  # One draw for every matrix: a single random op compiles in a fraction of the time.
+  noise = config.initializer_range * jax.random.normal(key, (sum(sizes),), jnp.float32)
+  leaves, offset = [], 0
+  for (path, shape), size in zip(flat, sizes):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      leaves.append(jnp.ones(shape, dtype))
+    elif "bias" in name:
+      leaves.append(jnp.zeros(shape, dtype))
+    else:
+      leaves.append(noise[offset:offset + size].reshape(shape).astype(dtype))
+    offset += size
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def check_params(params: Any, config: EagleConfig, where: str = "head params") -> None:
+  """Raise ValueError naming the first missing, extra or misshapen tensor."""
+  want = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(
+      param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))[0]}
+  try:
+    got = {jax.tree_util.keystr(p): tuple(np.shape(x))
+           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  except Exception as e:  # noqa: BLE001 (anything unflattenable is a bad input)
+    raise ValueError(f"{where}: not a params tree: {e}") from e
+  missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+  if missing or extra:
+    raise ValueError(f"{where} do not match the EAGLE config: missing tensors {missing}, "
+                     f"unexpected tensors {extra}")
+  for key, shape in want.items():
+    if got[key] != shape:
+      raise ValueError(f"{where}: tensor {key} has shape {got[key]}, but the EAGLE config "
+                       f"(hidden {config.hidden_size}, heads {config.num_attention_heads}/"
+                       f"{config.num_key_value_heads}x{config.head_dim}, mlp "
+                       f"{config.intermediate_size}) gives {shape}")
+
+
+def target_head(target: Model) -> tuple[jax.Array, jax.Array | None]:
+  """The target's token embedding [V, D] and untied LM head [D, V] (None when tied),
+  through the model contract's optional `head_fn`."""
+  if not isinstance(target, Model):
+    raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+  head = target.head()
+  return head.embed, head.lm_head
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _causal(slots: jax.Array, length: int) -> jax.Array:
+  """visible [B, T, S]: each pair sees every slot up to its own (prefix and earlier block)."""
+  s = jnp.arange(length, dtype=jnp.int32)[None, None, :]
+  return s <= slots[:, :, None]
+
+
+def _tree_visibility(root: jax.Array, anc_rows: jax.Array, length: int) -> jax.Array:
+  """visible [B, T, S] for tree nodes: the committed prefix (slots < root) and ancestors.
+
+  root [B] slot of node 0; anc_rows bool [T, N], row t: which nodes the t-th fed
+  node descends from (itself included); node n sits at slot root + n.
+  """
+  N = anc_rows.shape[1]
+  s = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, S]
+  rel = s - root[:, None]  # [B, S] node index held in each slot
+  in_tree = (rel >= 0) & (rel < N)
+  from_tree = jnp.take(anc_rows, jnp.clip(rel, 0, N - 1), axis=1)  # [T, B, S]
+  return (rel < 0)[:, None, :] | (from_tree.transpose(1, 0, 2) & in_tree[:, None, :])
+
+
+def _write(buffer, new, slots, axis: int):
+  """Scatter new [B, ..., T, ...] into buffer [B, ..., S, ...] at slots [B, T]; slots >= S
+  are dropped (a block running past the cache end writes only what fits)."""
+
+  def one(buf, blk, idx):
+    index = (slice(None),) * (axis - 1) + (idx,)
+    return buf.at[index].set(blk.astype(buf.dtype), mode="drop")
+
+  return jax.vmap(one)(buffer, new, slots)
+
+
+def _forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
+  c = config
+  norm = layers.RMSNorm()
+  w = params["layer"]
+  dtype = params["fc"]["kernel"].dtype  # the head computes in its own dtype
+  x = jnp.concatenate([features.astype(dtype), embeddings.astype(dtype)], axis=-1)  # [B, T, 2D]
+  x = jnp.einsum("bti,id->btd", x, params["fc"]["kernel"]) + params["fc"]["bias"][None, None, :]
+  with jax.named_scope("eagle_attention"):
+    h = norm(x, w["attn_norm"], c.rms_norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
+    k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
+    v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
+    q = layers.rope(q, positions, c.rope_theta)
+    k = layers.rope(k, positions, c.rope_theta)
+    k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+    v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+    if cache is not None:
+      k = _write(cache["k"], k, slots, axis=3)
+      v = _write(cache["v"], v, slots, axis=2)
+      cache = {"k": k, "v": v}
+      # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
+      # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
+      visible = visible | (jnp.arange(visible.shape[2]) == 0)[None, None, :]
+    out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
+    x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
+  with jax.named_scope("eagle_mlp"):
+    x = x + layers.GatedMLP("silu")(norm(x, w["mlp_norm"], c.rms_norm_eps), w)
+  return x, cache

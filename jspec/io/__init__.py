@@ -1,0 +1,4 @@
+"""Models in and out: jspec's native checkpoints, Hugging Face directories, GGUF files,
+tokenizers (tokenizer.json and GGUF vocabularies, chat templates), text generation,
+and the Flax Linen / NNX adapters.
+"""

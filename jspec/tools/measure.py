@@ -1,0 +1,226 @@
+"""Measure before trusting: acceptance and speedup on your own prompts.
+
+    report = jspec.tools.measure.measure(target, drafter, prompts, ks=(1, 2, 4, 8))
+    print(jspec.tools.measure.format_table(report))
+    jspec.tools.measure.plot(report, "measure.png")         # needs matplotlib
+
+For each K in the sweep, in one process, after compilation, with baseline and
+speculative runs interleaved:
+
+  * acceptance per draft position i = 1..K: of the rounds whose drafts 1..i-1
+    were all accepted, the fraction that also accepted draft i; and overall
+    (alpha = accepted / judged, see `costs.acceptance_rates`);
+  * tau = tokens emitted / target calls;
+  * per-call costs: a target step (1 token), a target verify (K+1 tokens) and
+    one drafter round (K drafts), each jitted alone at the same batch size;
+  * predicted speedup tau * T_step / (T_verify + T_round), and the measured one
+    (baseline wall time / speculative wall time, medians of `repeats`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.tools import costs
+from jspec.core.api import cache_bucket, generate, speculative_generate
+from jspec.drafters.draft_model import DraftModel
+from jspec.core.drafter import DraftContext
+from jspec.core.model import Model
+
+
+def position_acceptance(accept_hist) -> list[float]:
+  """Acceptance of draft i given drafts 1..i-1 were accepted, for i = 1..K.
+
+  accept_hist [K+1]: rounds by accepted count n. Draft i was judged in rounds
+  with n >= i-1 and accepted in rounds with n >= i.
+  """
+  hist = np.asarray(accept_hist, np.int64)
+  at_least = np.cumsum(hist[::-1])[::-1]  # at_least[j] = rounds with n >= j
+  K = hist.shape[0] - 1
+  return [float(at_least[i] / at_least[i - 1]) if at_least[i - 1] else float("nan")
+          for i in range(1, K + 1)]
+
+
+def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
+               repeats: int = 20) -> float:
+  """Median wall time of one `drafter.propose` of k drafts, jitted alone (greedy)."""
+  if isinstance(drafter, Model):
+    drafter = DraftModel(drafter)
+  tokens = jnp.ones((batch, prefix + 1), jnp.int32)
+  lengths = jnp.full((batch,), prefix + 1, jnp.int32)
+  state = jax.jit(lambda d, t, n: d.init(t, n, cache_length))(drafter, tokens, lengths)
+  buffer = jnp.zeros((batch, cache_length), jnp.int32).at[:, :prefix + 1].set(tokens)
+  context = DraftContext(tokens=buffer, lengths=lengths)
+  keys = jax.vmap(jax.random.key)(jnp.arange(batch, dtype=jnp.int32))
+  propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
+  jax.block_until_ready(propose(drafter, state, context, keys))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(propose(drafter, state, context, keys))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def _batches(prompts, batch_size):
+  return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  out = fn()
+  jax.block_until_ready(out.tokens)
+  return out, time.perf_counter() - t0
+
+
+def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens: int = 64,
+            batch_size: int = 1, temperature: float = 0.0, repeats: int = 3,
+            seed: int = 0) -> dict:
+  """Acceptance, tau, per-call costs and predicted / measured speedup per K.
+
+  prompts: token-id lists. Returns a JSON-ready dict (see module docstring).
+  """
+  ks = sorted({int(k) for k in ks})
+  if not ks or ks[0] < 1:
+    raise ValueError(f"ks must be integers >= 1, got {ks!r}")
+  if not prompts:
+    raise ValueError("prompts is empty")
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  groups = _batches(list(prompts), batch_size)
+  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=())
+  base = lambda g: generate(target, g, **kw)
+  spec = {k: (lambda g, k=k: speculative_generate(target, drafter, g, num_draft_tokens=k, **kw))
+          for k in ks}
+  outs = {"base": [base(g) for g in groups]}  # compile everything first
+  for k in ks:
+    outs[k] = [spec[k](g) for g in groups]
+  jax.block_until_ready([o.tokens for v in outs.values() for o in v])
+
+  spent = {name: [] for name in outs}
+  for _ in range(repeats):  # interleaved: drift hits every variant alike
+    totals = dict.fromkeys(outs, 0.0)
+    for i, g in enumerate(groups):
+      outs["base"][i], t = _timed(lambda: base(g))
+      totals["base"] += t
+      for k in ks:
+        outs[k][i], t = _timed(lambda: spec[k](g))
+        totals[k] += t
+    for name, t in totals.items():
+      spent[name].append(t)
+
+  longest = max(len(p) for p in prompts)
+  S = cache_bucket(longest + max_new_tokens + max(ks) + 1)
+  prefix = min(longest, S - max(ks) - 2)
+  t_step = costs.call_time(target, len(groups[0]), 1, S, prefix=prefix)
+  base_time = statistics.median(spent["base"])
+  base_tokens = sum(int(np.sum(np.asarray(o.lengths))) for o in outs["base"])
+  rows = []
+  for k in ks:
+    hist = sum(np.asarray(o.stats.accept_hist, np.int64) for o in outs[k])
+    emitted = sum(int(np.sum(np.asarray(o.lengths))) for o in outs[k])
+    calls = sum(int(np.sum(np.asarray(o.stats.target_calls))) for o in outs[k])
+    rates = costs.acceptance_rates(hist, emitted, calls)
+    t_verify = costs.call_time(target, len(groups[0]), k + 1, S, prefix=prefix)
+    t_round = round_time(drafter, len(groups[0]), k, S, prefix=prefix)
+    spec_time = statistics.median(spent[k])
+    same = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+               for a, b in zip(outs["base"], outs[k]))
+    rows.append({
+        "k": k, "tau": rates["tau"], "alpha": rates["alpha"],
+        "draft_accept": rates["draft_accept"], "position_acceptance": position_acceptance(hist),
+        "accept_hist": hist.tolist(), "t_verify_ms": t_verify * 1e3,
+        "t_draft_round_ms": t_round * 1e3,
+        "predicted_speedup": costs.ideal_speedup(rates["tau"], 1, t_step, t_verify, t_round),
+        "measured_speedup": base_time / spec_time, "tokens_per_s": emitted / spec_time,
+        "equal_to_baseline": same if temperature == 0 else None,
+    })
+  return {
+      "prompts": len(prompts), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+      "temperature": temperature, "repeats": repeats, "backend": jax.default_backend(),
+      "t_step_ms": t_step * 1e3, "baseline_tokens_per_s": base_tokens / base_time,
+      "rows": rows,
+  }
+
+
+def format_table(report: dict) -> str:
+  """The report of `measure` as a text table: one line per K."""
+  lines = [f"{report['prompts']} prompts, batch {report['batch_size']}, "
+           f"{report['max_new_tokens']} new tokens, temperature {report['temperature']}; "
+           f"target step {report['t_step_ms']:.2f} ms; baseline "
+           f"{report['baseline_tokens_per_s']:.1f} tok/s (medians of {report['repeats']})",
+           f"{'K':>3} {'tau':>5} {'alpha':>6} {'verify ms':>9} {'draft ms':>8} "
+           f"{'predicted':>9} {'measured':>8}  acceptance by position"]
+  for r in report["rows"]:
+    pos = " ".join(f"{a:.2f}" for a in r["position_acceptance"])
+    lines.append(f"{r['k']:>3} {r['tau']:5.2f} {r['alpha']:6.2f} {r['t_verify_ms']:9.2f} "
+                 f"{r['t_draft_round_ms']:8.2f} {r['predicted_speedup']:8.2f}x "
+                 f"{r['measured_speedup']:7.2f}x  {pos}")
+  return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+  """tau and speedup (predicted, measured) against K, as a PNG."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError as e:
+    raise ImportError("plotting needs matplotlib: pip install 'jspec[plot]'") from e
+  ks = [r["k"] for r in report["rows"]]
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+  ax1.plot(ks, [r["tau"] for r in report["rows"]], "o-")
+  ax1.set_xlabel("K (draft tokens per round)")
+  ax1.set_ylabel("tau (tokens per target call)")
+  ax2.plot(ks, [r["predicted_speedup"] for r in report["rows"]], "o--", label="predicted")
+  ax2.plot(ks, [r["measured_speedup"] for r in report["rows"]], "o-", label="measured")
+  ax2.axhline(1.0, color="gray", lw=0.8)
+  ax2.set_xlabel("K")
+  ax2.set_ylabel("speedup over baseline")
+  ax2.legend()
+  fig.suptitle(f"batch {report['batch_size']}, temperature {report['temperature']}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def read_prompts(path: str) -> list[str]:
+  """Text prompts from a file: JSONL (a string, or an object with "prompt" or
+  "text", per line) when the name ends in .jsonl; otherwise prompts separated
+  by lines holding only `---` (a file without one is a single prompt)."""
+  with open(path, encoding="utf-8") as f:
+    content = f.read()
+  if path.endswith(".jsonl"):
+    prompts = []
+    for n, line in enumerate(content.splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        item = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+      if isinstance(item, dict):
+        item = item.get("prompt", item.get("text"))
+      if not isinstance(item, str) or not item:
+        raise ValueError(f"{path}:{n}: expected a string or an object with a non-empty "
+                         f"'prompt' or 'text' field")
+      prompts.append(item)
+  else:
+    parts, current = [], []
+    for line in content.splitlines(keepends=True):
+      if line.strip() == "---":
+        parts.append("".join(current))
+        current = []
+      else:
+        current.append(line)
+    parts.append("".join(current))
+    prompts = [p for p in parts if p.strip()]
+  if not prompts:
+    raise ValueError(f"{path}: no prompts found")
+  return prompts
