@@ -162,6 +162,8 @@ SLOW_TESTS = {  # every case
     "test_prefill.py::test_decoding_over_chunked_prefill_is_unchanged",
     "test_model.py::test_rows_with_different_starts",
     "test_cost_model.py::test_the_device_probe_measures_sane_rates",  # 512 MB, several compiles
+    # A tool's report (its parts, acceptance per position and prompt reading, stay fast).
+    "test_measure.py::test_report_with_a_lookup_drafter",
 }
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",
@@ -175,6 +177,7 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_gguf.py::test_round_trip_of_every_family_equals_the_original",
     "test_model.py::test_cached_blocks_equal_full_forward",
     "test_model.py::test_batch1_steps_equal_full_forward",
+    "test_flax_integration.py::test_medusa_and_eagle_decode_custom_models",  # plain fast, Linen slow
 }
 
 

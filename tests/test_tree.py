@@ -129,7 +129,7 @@ def gqa_target():
   return jspec.models.init(tiny_config(), seed=0)
 
 
-@pytest.mark.parametrize("topology", [Tree.chain(3), BINARY, WIDE], ids=["chain3", "binary", "wide"])
+@pytest.mark.parametrize("topology", [BINARY, WIDE, Tree.chain(3)], ids=["binary", "wide", "chain3"])
 @pytest.mark.parametrize("batch,kv_heads", [(1, 2), (3, 4)], ids=["b1-gqa", "b3-mha"])
 def test_greedy_tree_equals_baseline(topology, batch, kv_heads):
   target = jspec.models.init(tiny_config(kv_heads=kv_heads), seed=0)

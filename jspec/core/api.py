@@ -22,6 +22,7 @@ import numpy as np
 
 from jspec.core import decode, dynamic, schedule, sharding, streaming
 from jspec.drafters.draft_model import DraftModel
+from jspec.core.drafter import Drafter, TreeDrafter, uses_features
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
 from jspec.core.tree import Tree
@@ -111,27 +112,25 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
     K = 4
   if isinstance(K, str) and K == "auto":
     K = schedule.AutoK()
-  if isinstance(K, schedule.AutoK):
-    pass
-  elif isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
-    raise ValueError(f"num_draft_tokens must be an integer >= 1, \"auto\" or a jspec.AutoK, "
-                     f"got {K!r}")
-  else:
+  if not isinstance(K, schedule.AutoK):
+    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
+      raise ValueError(f"num_draft_tokens must be an integer >= 1, \"auto\" or a jspec.AutoK, "
+                       f"got {K!r}")
     K = int(K)
   drafter = DraftModel(draft) if isinstance(draft, Model) else draft
-  if drafter is None or not hasattr(drafter, "propose"):
+  if drafter is None or not isinstance(drafter, Drafter):
     raise TypeError(f"draft must be a jspec.Model or a Drafter, got {type(draft).__name__}")
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
                      f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
   if tree is not None:
-    if not hasattr(drafter, "propose_tree"):
+    if not isinstance(drafter, TreeDrafter):
       raise TypeError(f"{type(drafter).__name__} cannot draft trees (it has no propose_tree); "
                       f"use a chain (num_draft_tokens) or a tree drafter")
     if sharding.model_axes(target) is None:
       raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                        "the slot axis of its K/V buffers")
-  if isinstance(K, schedule.AutoK) and decode.uses_features(drafter):
+  if isinstance(K, schedule.AutoK) and uses_features(drafter):
     raise ValueError(f"num_draft_tokens='auto' does not support {type(drafter).__name__}: it "
                      f"reads the target's hidden states, which rounds without drafting do not "
                      f"keep; pass a fixed K")

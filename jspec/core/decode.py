@@ -46,7 +46,7 @@ from jax import lax
 
 from jspec.core import acceptance, prefill, sampling, sharding, streaming
 from jspec.core import tree as tree_lib
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import DraftContext, uses_features
 from jspec.core.model import Model
 from jspec.core.tree import Tree
 
@@ -171,11 +171,6 @@ def prepared(obj):
   """A model or drafter with params in decoding form (`Model.prepared`); others as
   they are. Call it inside the jitted program, before the loop."""
   return obj.prepared() if hasattr(obj, "prepared") else obj
-
-
-def uses_features(drafter) -> bool:
-  """Whether a drafter reads the target's hidden states (a static class attribute)."""
-  return bool(getattr(drafter, "uses_features", False))
 
 
 def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:

@@ -18,21 +18,25 @@ A drafter is a pytree (its params are leaves, its settings static) with:
         since acceptance then needs no [B, K, V] array. With params None the
         loop accepts by argmax and ignores q.
 
-Three optional extensions:
+Optional abilities, each an explicit protocol below (`isinstance` tells the loop
+which a drafter has; nothing else is probed):
 
-    uses_features = True (class attribute)
+    FeatureDrafter: uses_features = True (class attribute)
         the drafter reads the target's final hidden states (Medusa, EAGLE):
         `init` takes a fourth argument, the prefill's hidden states [B, P-1, D],
         and every `DraftContext` carries `features` / `feature_start`.
-    propose_tree(state, context, tree, params, keys) -> (candidates, state)
+    TreeDrafter: propose_tree(state, context, tree, params, keys) -> (candidates, state)
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
         rank), so that tree acceptance is exact without draft probabilities.
-    lookup(context, num_drafts) -> (drafts, count)
+    LookupDrafter: lookup(context, num_drafts) -> (drafts, count)
         a stateless drafter that knows how many of its drafts it really proposes
         (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
         `num_draft_tokens="auto"` then never drafts more than the count of the
         row furthest behind (`jspec.core.dynamic`).
+    CatchUpDrafter: sync(state, context, synced) -> state
+        a drafter with state (a draft model's KV cache) that rounds without drafting
+        leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`).
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
@@ -42,7 +46,7 @@ loop rewinds to the accepted prefix without telling it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
@@ -63,6 +67,7 @@ class DraftContext:
   feature_start: jax.Array | None = None  # [B] int32
 
 
+@runtime_checkable
 class Drafter(Protocol):
   """What `speculative_generate` and `jspec.core.decode` ask of a drafter (see the module
   docstring). Implementations are pytrees: `DraftModel`, `NGram`, `Datastore`."""
@@ -94,3 +99,37 @@ class Drafter(Protocol):
       drafts [B, K] int32; q [B, K, V] f32, the distributions the drafts were drawn
       from, or None for one-hot at the drafts; the new state.
     """
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+  """A drafter that proposes a static tree of candidates (Medusa, EAGLE, a draft model)."""
+
+  def propose_tree(self, state: Any, context: DraftContext, tree: Any,
+                   params: SamplingParams | None, keys: jax.Array) -> tuple[jax.Array, Any]:
+    """candidates [B, N-1] int32, node i's token at column i-1 (chosen by rank), and
+    the new state."""
+
+
+@runtime_checkable
+class LookupDrafter(Protocol):
+  """A stateless drafter that knows how many drafts it really has (n-gram, datastore)."""
+
+  def lookup(self, context: DraftContext, num_drafts: int) -> tuple[jax.Array, jax.Array]:
+    """(drafts [B, K] int32, count [B] int32): the first `count` drafts are proposals,
+    the rest placeholders."""
+
+
+@runtime_checkable
+class CatchUpDrafter(Protocol):
+  """A drafter whose state must catch up after rounds that did not call it."""
+
+  def sync(self, state: Any, context: DraftContext, synced: jax.Array) -> Any:
+    """The state brought up to the decode-state invariant from `synced` [B], the
+    number of leading slots known to be current."""
+
+
+def uses_features(drafter) -> bool:
+  """A FeatureDrafter: it reads the target's hidden states (the class attribute
+  `uses_features = True`; `init` then takes them as a fourth argument)."""
+  return getattr(drafter, "uses_features", False) is True

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.core import decode, streaming
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import CatchUpDrafter, DraftContext, LookupDrafter
 from jspec.core.model import Model
 from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, choose, stays
 
@@ -62,7 +62,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   first token only, and the first drafting round feeds the prompt. A call where
   speculation never pays (K = 0 throughout) then never runs the drafter at all.
   """
-  lazy = hasattr(drafter, "sync")
+  lazy = isinstance(drafter, CatchUpDrafter)
   target, drafter = decode.prepared(target), decode.prepared(drafter)
   state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
                             eos_ids, seeds, config)
@@ -95,7 +95,7 @@ def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
   are a function of committed tokens only, so the round's K still depends on the
   past alone (exactness, module docstring).
   """
-  if not hasattr(drafter, "lookup"):
+  if not isinstance(drafter, LookupDrafter):
     return None
   context = DraftContext(tokens=state.tokens, lengths=state.lengths)
   drafts, count = drafter.lookup(context, max_k)
@@ -111,7 +111,7 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   k = auto.choices[index]
   s, sched = state.decode, state.schedule
   active = ~s.done
-  if k > 0 and sync and hasattr(drafter, "sync"):
+  if k > 0 and sync and isinstance(drafter, CatchUpDrafter):
     context = DraftContext(tokens=s.tokens, lengths=s.lengths)
     s = dataclasses.replace(s, drafter_state=drafter.sync(s.drafter_state, context,
                                                           sched.synced))
@@ -190,7 +190,7 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   def phase(index: int):
     def run(s: AutoState) -> AutoState:
       finished = jnp.sum(s.decode.done)  # rows done when the phase began
-      if auto.choices[index] == 0 and not hasattr(drafter, "lookup"):
+      if auto.choices[index] == 0 and not isinstance(drafter, LookupDrafter):
         # Plain rounds of a drafter without a lookup bring no evidence, and every active
         # row moves one token (the critical rows stay the same), so the choice can only
         # change when a row finishes or a probe falls due: test just that, not `stays`,
