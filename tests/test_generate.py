@@ -237,7 +237,7 @@ def _decode(target, drafter, prompts, lengths, params, k, max_new):
     state = jspec.core.decode.init_state(target, drafter, prompts, lengths,
                                     jnp.full((B,), max_new, jnp.int32), params,
                                     jnp.full((1,), -1, jnp.int32), jnp.arange(B), config)
-    one = jspec.core.decode.decode_round(target, drafter, state, config)
+    one, _ = jspec.core.decode.decode_round(target, drafter, state, config)
     state = jspec.core.decode.decode_loop(target, drafter, one, config)
     out, new_lengths = jspec.core.decode.output_tokens(state)
     return one.tokens, one.lengths, out, new_lengths, state.stats
@@ -280,7 +280,7 @@ def test_pure_layer_inside_user_jit(target, close_draft):
     state = jspec.core.decode.init_state(target, drafter, prompts, lengths,
                                     jnp.full((2,), 10, jnp.int32), params,
                                     jnp.full((1,), -1, jnp.int32), jnp.arange(2), config)
-    state = jspec.core.decode.decode_round(target, drafter, state, config)  # one round by hand
+    state, _ = jspec.core.decode.decode_round(target, drafter, state, config)  # one by hand
     state = jspec.core.decode.decode_loop(target, drafter, state, config)
     return jspec.core.decode.output_tokens(state)
 
@@ -322,3 +322,41 @@ def test_stream_must_be_callable():
       num_attention_heads=2), seed=0)
   with pytest.raises(TypeError, match="stream must be a callable"):
     jspec.generate(model, [[1, 2]], max_new_tokens=2, stream="yes")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_round_result_reports_what_the_round_did(target, close_draft, k):
+  """`decode_round` returns, beside the state, what it did: per row the drafts judged,
+  those accepted, the tokens committed and the target's own token; rows already done
+  report zeros."""
+  decode = jspec.core.decode
+  config = decode.DecodeConfig(num_draft_tokens=k, cache_length=64)
+  drafter = jspec.DraftModel(close_draft)
+  B = 3
+  prompts = jnp.asarray([[1, 2, 3, 4], [5, 6, 0, 0], [7, 8, 9, 0]], jnp.int32)
+  max_new = jnp.asarray([12, 12, 1], jnp.int32)  # row 2 is done after its first round
+
+  @jax.jit
+  def rounds(target, drafter):
+    state = decode.init_state(target, drafter, prompts, jnp.asarray([4, 2, 3]), max_new, None,
+                              jnp.full((1,), -1, jnp.int32), jnp.arange(B), config)
+    out = []
+    for _ in range(3):
+      new, did = decode.decode_round(target, drafter, state, config)
+      out.append((state, new, did))
+      state = new
+    return out
+
+  for before, after, did in rounds(target, drafter):
+    active = ~np.asarray(before.done)
+    L0, L1 = np.asarray(before.lengths), np.asarray(after.lengths)
+    np.testing.assert_array_equal(did.committed, L1 - L0)
+    np.testing.assert_array_equal(did.accepted,
+                                  np.asarray(after.stats.accepted - before.stats.accepted))
+    np.testing.assert_array_equal(did.proposed, np.where(active, k, 0))
+    tokens = np.asarray(after.tokens)
+    for b in np.flatnonzero(active):
+      if did.committed[b] > did.accepted[b]:  # the target's own token was committed
+        assert tokens[b, L0[b] + did.accepted[b]] == did.token[b]
+    assert np.all(np.asarray(did.committed)[~active] == 0)
+    assert np.all(np.asarray(did.token)[~active] == 0)

@@ -177,7 +177,7 @@ def test_compaction_equals_chain_prefill(gqa_target):
                               None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
                               config)
     for _ in range(3):
-      state = decode.decode_round(target, drafter, state, config)
+      state, _ = decode.decode_round(target, drafter, state, config)
     return state
 
   state = rounds(jnp.asarray(tokens))

@@ -25,7 +25,7 @@ their own jitted code:
 
     state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens,
                        params, eos_ids, seeds, config)
-    state = decode_round(target, drafter, state, config)   # one round
+    state, did = decode_round(target, drafter, state, config)   # one round
     state = decode_loop(target, drafter, state, config)    # until all rows are done
     out, lengths = output_tokens(state)
 
@@ -173,9 +173,21 @@ def prepared(obj):
   return obj.prepared() if hasattr(obj, "prepared") else obj
 
 
-def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+  """What one round did, per row (zeros for rows that were already done)."""
+
+  proposed: jax.Array  # [B] int32 drafts judged: K for a chain, N - 1 for a tree
+  accepted: jax.Array  # [B] int32 drafts accepted and committed
+  committed: jax.Array  # [B] int32 tokens committed: accepted + the target's own, cut at EOS
+  token: jax.Array  # [B] int32 the target's own token (the correction or the bonus)
+
+
+def decode_round(target: Model, drafter, state: DecodeState,
+                 config: DecodeConfig) -> tuple[DecodeState, RoundResult]:
   """One round: draft, verify in one target call (a chain of K+1 or a tree of N
-  tokens), accept, commit."""
+  tokens), accept, commit. Returns the new state and what the round did."""
   K, S, W = config.num_draft_tokens, config.cache_length, config.block_width
   L = state.lengths
   round_keys = sampling.fold(state.keys, state.stats.target_calls)
@@ -198,7 +210,13 @@ def decode_round(target: Model, drafter, state: DecodeState, config: DecodeConfi
   if state.features is not None:
     state = dataclasses.replace(state, features=hidden.astype(state.features.dtype),
                                 feature_start=start)
-  return _commit(state, n, emitted, K)
+  active = ~state.done
+  drafts = K if config.tree is None else config.tree.num_nodes - 1
+  state, count = _commit(state, n, emitted, K)
+  token = jnp.take_along_axis(emitted, n[:, None], axis=1)[:, 0]
+  return state, RoundResult(proposed=jnp.where(active, drafts, 0).astype(jnp.int32),
+                            accepted=jnp.minimum(n, count), committed=count,
+                            token=jnp.where(active, token, 0))
 
 
 def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_keys):
@@ -267,10 +285,11 @@ def _cache_axes(target: Model):
   return axes[1]
 
 
-def _commit(state: DecodeState, n, emitted, K: int) -> DecodeState:
+def _commit(state: DecodeState, n, emitted, K: int):
   """Write d1..dn and the next token, cut at EOS and max length; freeze done rows.
 
-  n [B] accepted drafts; emitted [B, K+1] with the tokens to commit first."""
+  n [B] accepted drafts; emitted [B, K+1] with the tokens to commit first. Returns the
+  state and count [B], the tokens committed per row."""
   S = state.tokens.shape[1]
   L = state.lengths
   active = ~state.done
@@ -297,7 +316,7 @@ def _commit(state: DecodeState, n, emitted, K: int) -> DecodeState:
       accepted=state.stats.accepted + jnp.minimum(n, count),
       accept_hist=state.stats.accept_hist.at[n].add(act),
   )
-  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats)
+  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats), count
 
 
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
@@ -305,7 +324,7 @@ def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig
   target, drafter = prepared(target), prepared(drafter)
 
   def body(s):
-    s = decode_round(target, drafter, s, config)
+    s, _ = decode_round(target, drafter, s, config)
     if config.stream:
       streaming.emit(s.tokens, s.lengths, s.prompt_lengths)
     return s

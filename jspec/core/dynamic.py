@@ -118,10 +118,11 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
   # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
   real = jnp.minimum(sched.counts, k)  # [B]
-  new = decode.decode_round(target, drafter, s, dataclasses.replace(config, num_draft_tokens=k))
+  new, did = decode.decode_round(target, drafter, s,
+                                 dataclasses.replace(config, num_draft_tokens=k))
   lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
   if k > 0:
-    n = jnp.minimum(new.stats.accepted - s.stats.accepted, real)  # [B] accepted this round
+    n = jnp.minimum(did.accepted, real)  # [B] accepted this round
     judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
   elif lookup is not None:
     # Shadow evidence: a lookup's drafts cost nothing to compute, so a round at K = 0
@@ -130,9 +131,8 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
     # accepts d with probability p(d), the chance that the emitted token is d. So
     # the estimate keeps moving while the loop does not draft, and it leaves K = 0
     # as soon as the text turns repetitive, not at the next probe.
-    emitted = jnp.take_along_axis(new.tokens, s.lengths[:, None], axis=1)[:, 0]  # [B]
     judged = jnp.where(active & (sched.counts > 0), 1, 0)
-    n = jnp.where(emitted == sched.first, judged, 0)
+    n = jnp.where(did.token == sched.first, judged, 0)
   else:
     n = judged = jnp.zeros_like(s.lengths)
   # Evidence decays per round that brings some (per row): rounds without any say

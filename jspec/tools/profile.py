@@ -97,7 +97,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         state = dataclasses.replace(state, lengths=lengths + i % 2,
                                     done=jnp.zeros((B,), jnp.bool_))
         target, drafter = models
-        state = decode.decode_round(target, drafter if k else None, state,
+        state, _ = decode.decode_round(target, drafter if k else None, state,
                                     dataclasses.replace(config, num_draft_tokens=k))
         return state, state.lengths
 
@@ -143,7 +143,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         # A whole plain round (step, argmax or sampling, commit): what it costs beyond
         # the step is paid by every round, whatever its K.
         def plain(obj, state, i):
-          state = decode.decode_round(obj, None, state, decode.DecodeConfig(0, S))
+          state, _ = decode.decode_round(obj, None, state, decode.DecodeConfig(0, S))
           return state, state.lengths
 
         loops[ROUND] = _loop(plain, calls, obj)
