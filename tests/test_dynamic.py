@@ -193,9 +193,17 @@ def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch,
   monkeypatch.setattr(profile, "_measure_costs", recording)
   together = profile.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1)
   assert roles == ["target", "pair"]
+  table = cost_model.read_table(cost_model.cache_path(None))
   apart = profile.call_costs(target, drafter, 1, 64, (0, 1, 3), calls=2, repeats=1, apart=True)
-  assert roles == ["target", "pair", "target", "drafter"]  # the plain round was cached
-  assert together[0] == apart[0]
+  assert roles == ["target", "pair", "target", "drafter"]
+  # The plain round and the 1-token step were read back, not timed again: the second
+  # call only added the verify lengths it lacked. (cost(0) itself may still differ
+  # between the two: `monotone` pools it with a noisy cost(1) that came out lower.)
+  after = cost_model.read_table(cost_model.cache_path(None))
+  assert len(table) == 2 and len(after) == 3  # target and pair; then the drafter alone
+  assert any(str(profile.ROUND) in entry for entry in table.values())
+  for key, entry in table.items():
+    assert {k: after[key][k] for k in entry} == entry
   for costs in (together, apart):
     assert all(c > 0 for c in costs) and costs[0] <= costs[1] <= costs[2]
 
