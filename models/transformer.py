@@ -52,15 +52,18 @@ shapes decoding runs:
 Written [H, Dh, D], the attention projections made XLA CPU emit a loop ten times
 slower than the matrix product, so wqkv keeps the input axis major.
 
-Cache: one K buffer [B, Hkv, Dh, S] and one V buffer [B, Hkv, S, Dh] per layer
-({"k": [L arrays], "v": [L arrays]}): the slot axis minor in K, the head dim
-minor in V, which is how XLA CPU's batched attention matmuls read their right
-operand. With per-layer buffers the opposite layouts (K [.., S, Dh], V [.., Dh, S])
-made XLA transpose every layer's cache on every step: a batch-8 / 32 decode step
-took 1.25x / 1.38x as long (5 interleaved runs of 128-256 tokens each); at batch 1
-the two layouts time the same. Separate buffers per layer let each step write its
-new slots in place and read the layer's cache without a copy, which one stacked
-[L, ...] buffer did not allow once the layers are unrolled.
+Cache: one K and one V buffer per layer ({"k": [L arrays], "v": [L arrays]}), in the
+axis order of the config's `kv_layout` (`jspec.core.nn.KVLayout`), by default chosen
+by the backend. On CPU, K is [B, Hkv, Dh, S] and V [B, Hkv, S, Dh]: the slot axis
+minor in K, the head dim minor in V, which is how XLA CPU's batched attention matmuls
+read their right operand. With per-layer buffers the opposite layouts (K [.., S, Dh],
+V [.., Dh, S]) made XLA transpose every layer's cache on every step: a batch-8 / 32
+decode step took 1.25x / 1.38x as long (5 interleaved runs of 128-256 tokens each); at
+batch 1 the two layouts time the same. On other backends the buffers are slot-major,
+[B, S, Hkv, Dh] for both, the order GPU and TPU attention kernels expect. Separate
+buffers per layer let each step write its new slots in place and read the layer's
+cache without a copy, which one stacked [L, ...] buffer did not allow once the layers
+are unrolled.
 
 One case differs: a one-token step at batch 1 (plain decoding, a draft model's
 steps). There XLA drops the size-1 batch axis from the attention matmuls, and the
@@ -84,7 +87,7 @@ from jax import lax
 
 from jspec.core.model import Model, OutputHead
 from jspec.core import nn as layers
-from jspec.core.nn import DenseMLP, GatedMLP, LayerNorm, Learned, RMSNorm, Rotary
+from jspec.core.nn import DenseMLP, GatedMLP, KVLayout, LayerNorm, Learned, RMSNorm, Rotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -120,6 +123,9 @@ class TransformerConfig:
   final_logit_softcapping: float | None = None  # Gemma 2
   sliding_window: int | None = None  # window of "sliding_attention" layers
   layer_types: tuple[str, ...] | None = None  # per layer; None: all sliding if window set
+  # Axis order of the K/V cache buffers; None: chosen by the backend the cache is made
+  # on (`layers.kv_layout_for`: XLA CPU's order on CPU, slot-major elsewhere).
+  kv_layout: KVLayout | None = None
 
   def __post_init__(self):
     if self.num_key_value_heads is None:
@@ -148,6 +154,10 @@ class TransformerConfig:
         raise ValueError(f"unknown layer types {sorted(unknown)}; known: {FULL}, {SLIDING}")
       if SLIDING in self.layer_types and not self.sliding_window:
         raise ValueError("sliding_attention layers need sliding_window")
+
+  def cache_layout(self) -> KVLayout:
+    """The K/V layout this config's caches have on the current default backend."""
+    return self.kv_layout or layers.kv_layout_for(jax.default_backend())
 
   def windows(self) -> tuple[int, ...]:
     """Attention window per layer; 0 means the whole prefix."""
@@ -209,13 +219,13 @@ def init_params(config: TransformerConfig, key: jax.Array, dtype=jnp.float32) ->
 
 
 def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.float32) -> dict:
-  """Zeroed K/V buffers for `batch` rows of `length` slots, one pair per layer."""
+  """Zeroed K/V buffers for `batch` rows of `length` slots, one pair per layer, in the
+  config's `cache_layout()` (on CPU: L x K [B, Hkv, Dh, S], L x V [B, Hkv, S, Dh])."""
   c = config
   L, Hkv, Dh = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
-  return {
-      "k": [jnp.zeros((batch, Hkv, Dh, length), dtype) for _ in range(L)],  # L x [B, Hkv, Dh, S]
-      "v": [jnp.zeros((batch, Hkv, length, Dh), dtype) for _ in range(L)],  # L x [B, Hkv, S, Dh]
-  }
+  layout = c.cache_layout()
+  return {name: [jnp.zeros(layout.shape(name, batch, Hkv, length, Dh), dtype) for _ in range(L)]
+          for name in ("k", "v")}
 
 
 def unstack(config: TransformerConfig, params: dict) -> dict:
@@ -311,6 +321,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   """The model contract. See module docstring and docs/architecture.md."""
   c = config
   B, T = tokens.shape
+  layout = c.cache_layout()
   if block_mask is None:
     block_mask = jnp.tril(jnp.ones((T, T), bool))
   if depth is None:
@@ -329,7 +340,8 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     visible = jnp.broadcast_to(block_mask[None], (B, T, T))
     kv_pos = positions
   else:
-    visible, kv_pos = _visibility(start, block_mask, depth, cache["k"][0].shape[3])
+    slots = cache["k"][0].shape[layout.slot_axis("k")]
+    visible, kv_pos = _visibility(start, block_mask, depth, slots)
   sliding = any(c.windows())  # static: full-attention models skip the window mask
   # One token at batch 1 attends to the cache as it was, and to its own K/V apart
   # (module docstring: 1.17-1.23x faster steps on XLA CPU here).
@@ -351,20 +363,19 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
       if rotary is not None:
         q = layers.rope(q, positions, c.rope_theta, rotary.scaling)
         k = layers.rope(k, positions, c.rope_theta, rotary.scaling)
-      k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
-      v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
       seen = visible & ((window == 0) | (behind < window)) if sliding else visible
+      new = {"k": k, "v": v}  # [B, T, Hkv, Dh]
+      arranged = {n: layout.arrange(n, new[n]) for n in new}  # the layout, T for S
       if layer_cache is not None:
         old = layer_cache
-        layer_cache = {"k": _write(old["k"], k, start, axis=3),  # [B, Hkv, Dh, S]
-                       "v": _write(old["v"], v, start, axis=2)}  # [B, Hkv, S, Dh]
+        layer_cache = {n: _write(old[n], arranged[n], start, layout.slot_axis(n)) for n in new}
       if split_step:
         out = layers.step_attention(q, old["k"], old["v"], k, v, seen & before_start, scale,
-                                    c.attn_logit_softcapping)
+                                    c.attn_logit_softcapping, layout)
       else:
-        if layer_cache is not None:
-          k, v = layer_cache["k"], layer_cache["v"]
-        out = layers.attention(q, k, v, seen, scale, c.attn_logit_softcapping)
+        kv = arranged if layer_cache is None else layer_cache
+        out = layers.attention(q, kv["k"], kv["v"], seen, scale, c.attn_logit_softcapping,
+                               layout)
       out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
       if "bo" in w:
         out = out + w["bo"][None, None, :]
@@ -479,8 +490,8 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
 
   param_axes = jax.tree_util.tree_map_with_path(axes, params)
   L = config.num_hidden_layers
-  cache_axes = {"k": [("batch", "kv_heads", "head_dim", "sequence")] * L,
-                "v": [("batch", "kv_heads", "sequence", "head_dim")] * L}
+  layout = config.cache_layout()
+  cache_axes = {name: [layout.axis_names(name)] * L for name in ("k", "v")}
   return param_axes, cache_axes
 
 

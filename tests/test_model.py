@@ -1,5 +1,7 @@
 """The reference decoder: cached decoding equals the full forward pass."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -60,14 +62,14 @@ def test_step_attention_equals_attention_over_updated_cache(kv_heads):
   q = jnp.asarray(rng.normal(size=(B, 1, H, Dh)), jnp.float32)
   k = jnp.asarray(rng.normal(size=(B, kv_heads, Dh, S)), jnp.float32)
   v = jnp.asarray(rng.normal(size=(B, kv_heads, S, Dh)), jnp.float32)
-  k_new = jnp.asarray(rng.normal(size=(B, kv_heads, Dh, 1)), jnp.float32)
-  v_new = jnp.asarray(rng.normal(size=(B, kv_heads, 1, Dh)), jnp.float32)
+  k_new = jnp.asarray(rng.normal(size=(B, 1, kv_heads, Dh)), jnp.float32)
+  v_new = jnp.asarray(rng.normal(size=(B, 1, kv_heads, Dh)), jnp.float32)
   start = np.array([5, 0])  # row 1: an empty cache, the token sees itself only
   slots = np.arange(S)
   k_up, v_up = np.array(k), np.array(v)
   for b in range(B):
-    k_up[b, :, :, start[b]] = k_new[b, :, :, 0]
-    v_up[b, :, start[b]] = v_new[b, :, 0]
+    k_up[b, :, :, start[b]] = k_new[b, 0]
+    v_up[b, :, start[b]] = v_new[b, 0]
   seen_all = jnp.asarray(slots[None, None, :] <= start[:, None, None])  # [B, 1, S]
   seen_old = jnp.asarray(slots[None, None, :] < start[:, None, None])
   want = layers.attention(q, jnp.asarray(k_up), jnp.asarray(v_up), seen_all, 0.3, 2.0)
@@ -151,3 +153,51 @@ def test_config_validation():
       vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
       num_attention_heads=2, model_type="llama", torch_dtype="float32"))
   assert cfg.num_key_value_heads == 2 and cfg.head_dim == 4
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+def test_cache_layouts_decode_identically(kv_heads):
+  """The CPU order (K [B, Hkv, Dh, S], V [B, Hkv, S, Dh]) and the slot-major order
+  ([B, S, Hkv, Dh]) of other backends hold the same K/V: same logits, same greedy
+  and sampled tokens, for a chain and for a tree (whose compaction finds the slot
+  axis through the cache's logical axes)."""
+  from jspec.core import nn as layers
+  from conftest import perturbed
+  base = tiny_config(kv_heads=kv_heads)
+  assert base.cache_layout() == layers.CPU_KV  # these tests run on CPU
+  params = jspec.models.init(base, seed=3).params
+  models = {}
+  for layout in (layers.CPU_KV, layers.SLOT_MAJOR_KV):
+    config = jspec.models.TransformerConfig.from_dict(
+        dataclasses.replace(base, kv_layout=layout).to_dict())  # survives a round trip
+    assert config.cache_layout() == layout
+    models[layout] = jspec.models.make_model(config, params)
+  slot_major = models[layers.SLOT_MAJOR_KV]
+  cache = slot_major.init_cache(2, 24)
+  assert cache["k"][0].shape == cache["v"][0].shape == (2, 24, kv_heads, 8)
+  assert slot_major.axes_fn(slot_major.config)[1]["k"][0] == ("batch", "sequence", "kv_heads", "head_dim")
+
+  rng = np.random.default_rng(4)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(2, 9)), jnp.int32)
+  logits = {}
+  for layout, model in models.items():
+    c = model.init_cache(2, 24)
+    first, _, c = jit_apply(model, tokens[:, :5], c, jnp.zeros((2,), jnp.int32))
+    rest, _, c = jit_apply(model, tokens[:, 5:6], c, jnp.full((2,), 5, jnp.int32))
+    logits[layout] = jnp.concatenate([first, rest], axis=1)
+  chex.assert_trees_all_close(logits[layers.CPU_KV], logits[layers.SLOT_MAJOR_KV],
+                              atol=1e-5, rtol=1e-5)
+
+  prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]]
+  outs = {}
+  for layout, model in models.items():
+    draft = perturbed(model, 0.3, seed=1)
+    outs[layout] = [
+        jspec.speculative_generate(model, draft, prompts, num_draft_tokens=3,
+                                   max_new_tokens=12).tokens,
+        jspec.speculative_generate(model, draft, prompts, num_draft_tokens=3, temperature=1.0,
+                                   seed=5, max_new_tokens=12).tokens,
+        jspec.speculative_generate(model, draft, prompts, tree=jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0)]),
+                                   max_new_tokens=12).tokens]
+  for a, b in zip(outs[layers.CPU_KV], outs[layers.SLOT_MAJOR_KV]):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

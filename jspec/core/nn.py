@@ -210,43 +210,102 @@ def dense_out_major(x, w, b=None):
 # ----------------------------------------------------------------------------- attention
 
 
-def attention(q, k, v, visible, scale: float, softcap: float | None = None) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+  """Axis order of one layer's K and V cache buffers, in the letters b (batch), h (KV
+  heads), s (slots) and d (head dim).
+
+  Which order is fastest depends on the backend's attention kernels; `CPU_KV` and
+  `SLOT_MAJOR_KV` below are the two a config chooses between (`kv_layout_for`).
+  """
+
+  kind: str = dataclasses.field(default="kv_layout", init=False)
+
+  k: str = "bhds"
+  v: str = "bhsd"
+
+  def __post_init__(self):
+    for name in ("k", "v"):
+      order = getattr(self, name)
+      if sorted(order) != sorted("bhsd") or order[0] != "b":
+        raise ValueError(f"KVLayout.{name} must order the letters b, h, s, d with b first "
+                         f"(rows are written one by one), got {order!r}")
+
+  def shape(self, which: str, B: int, Hkv: int, S: int, Dh: int) -> tuple[int, ...]:
+    """The shape of buffer `which` ("k" or "v") for S slots."""
+    size = {"b": B, "h": Hkv, "s": S, "d": Dh}
+    return tuple(size[a] for a in getattr(self, which))
+
+  def slot_axis(self, which: str) -> int:
+    return getattr(self, which).index("s")
+
+  def arrange(self, which: str, x):
+    """x [B, T, Hkv, Dh] (new K or V of T tokens) in this layout's order, T on the slot axis."""
+    return x.transpose(tuple("bshd".index(a) for a in getattr(self, which)))
+
+  def axis_names(self, which: str) -> tuple[str, ...]:
+    """Logical axis names of buffer `which` (jspec/core/sharding.py)."""
+    names = {"b": "batch", "h": "kv_heads", "s": "sequence", "d": "head_dim"}
+    return tuple(names[a] for a in getattr(self, which))
+
+  def spec(self, which: str) -> str:
+    """The buffer's axes as einsum letters of `attention` (k for KV heads)."""
+    return getattr(self, which).replace("h", "k")
+
+
+# K with the slot axis minor and V with the head dim minor: the right operands XLA CPU's
+# batched attention matmuls read in place (measurements in models/transformer.py).
+CPU_KV = KVLayout("bhds", "bhsd")
+# Slots before heads, head dim minor, for both: the order GPU and TPU attention kernels
+# and most serving engines keep.
+SLOT_MAJOR_KV = KVLayout("bshd", "bshd")
+
+
+def kv_layout_for(backend: str) -> KVLayout:
+  """The layout a cache gets on `backend` ("cpu", "gpu", "tpu", ...) when its config
+  names none."""
+  return CPU_KV if backend == "cpu" else SLOT_MAJOR_KV
+
+
+def attention(q, k, v, visible, scale: float, softcap: float | None = None,
+              layout: KVLayout = CPU_KV) -> jax.Array:
   """Grouped-query attention.
 
-  q [B, T, H, Dh]; k [B, Hkv, Dh, S]; v [B, Hkv, S, Dh]; visible bool [B, T, S].
-  These K/V layouts are the ones XLA CPU's batched matmuls read in place: K with
-  the slot axis minor, V with the head dim minor (models/transformer.py).
+  q [B, T, H, Dh]; k, v in `layout`'s order over S slots; visible bool [B, T, S].
   Returns [B, T, H, Dh].
   """
   B, T, H, Dh = q.shape
-  Hkv = k.shape[1]
+  Hkv = k.shape[layout.k.index("h")]
   G = H // Hkv
   q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)  # [B, Hkv, G, T, Dh]
-  scores = jnp.einsum("bkgtd,bkds->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  scores = jnp.einsum(f"bkgtd,{layout.spec('k')}->bkgts", q, k,
+                      preferred_element_type=jnp.float32) * scale
   if softcap is not None:  # Gemma 2: bound attention logits smoothly
     scores = jnp.tanh(scores / softcap) * softcap
   scores = jnp.where(visible[:, None, None, :, :], scores, -jnp.inf)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)  # [B, Hkv, G, T, Dh]
+  out = jnp.einsum(f"bkgts,{layout.spec('v')}->bkgtd", probs, v)  # [B, Hkv, G, T, Dh]
   return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh)
 
 
 def step_attention(q, k_cache, v_cache, k_new, v_new, visible, scale: float,
-                   softcap: float | None = None) -> jax.Array:
+                   softcap: float | None = None, layout: KVLayout = CPU_KV) -> jax.Array:
   """Attention of one new token per row to the cache as it was before this step, plus
   to its own K/V, which the caller writes into the cache separately.
 
-  q [B, 1, H, Dh]; k_cache [B, Hkv, Dh, S]; v_cache [B, Hkv, S, Dh]; k_new [B, Hkv, Dh, 1];
-  v_new [B, Hkv, 1, Dh]; visible bool [B, 1, S] over the cache's slots (the token's own
-  slot excluded: it sees itself through k_new). Returns [B, 1, H, Dh], equal to
-  `attention` over the updated cache up to float rounding.
+  q [B, 1, H, Dh]; k_cache, v_cache in `layout`'s order over S slots; k_new, v_new
+  [B, 1, Hkv, Dh]; visible bool [B, 1, S] over the cache's slots (the token's own slot
+  excluded: it sees itself through k_new). Returns [B, 1, H, Dh], equal to `attention`
+  over the updated cache up to float rounding.
   """
   B, T, H, Dh = q.shape
-  Hkv = k_cache.shape[1]
+  Hkv = k_new.shape[2]
   G = H // Hkv
   q = q.reshape(B, Hkv, G, Dh)
-  old = jnp.einsum("bkgd,bkds->bkgs", q, k_cache, preferred_element_type=jnp.float32) * scale
-  new = jnp.sum(q.astype(jnp.float32) * k_new[..., 0][:, :, None].astype(jnp.float32), axis=-1,
+  old = jnp.einsum(f"bkgd,{layout.spec('k')}->bkgs", q, k_cache,
+                   preferred_element_type=jnp.float32) * scale
+  k_new, v_new = k_new[:, 0], v_new[:, 0]  # [B, Hkv, Dh]
+  new = jnp.sum(q.astype(jnp.float32) * k_new[:, :, None].astype(jnp.float32), axis=-1,
                 keepdims=True) * scale  # [B, Hkv, G, 1]
   if softcap is not None:
     old, new = jnp.tanh(old / softcap) * softcap, jnp.tanh(new / softcap) * softcap
@@ -254,14 +313,15 @@ def step_attention(q, k_cache, v_cache, k_new, v_new, visible, scale: float,
   top = jnp.maximum(jnp.max(old, axis=-1, keepdims=True), new)
   p_old, p_new = jnp.exp(old - top), jnp.exp(new - top)
   total = jnp.sum(p_old, axis=-1, keepdims=True) + p_new
-  out = (jnp.einsum("bkgs,bksd->bkgd", p_old.astype(v_cache.dtype), v_cache,
+  out = (jnp.einsum(f"bkgs,{layout.spec('v')}->bkgd", p_old.astype(v_cache.dtype), v_cache,
                     preferred_element_type=jnp.float32)
-         + p_new * v_new[:, :, 0][:, :, None].astype(jnp.float32)) / total  # [B, Hkv, G, Dh]
+         + p_new * v_new[:, :, None].astype(jnp.float32)) / total  # [B, Hkv, G, Dh]
   return out.astype(v_cache.dtype).reshape(B, 1, H, Dh)
 
 
 OPTION_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (
-    RMSNorm, LayerNorm, Llama3Scaling, LinearScaling, Rotary, Learned, GatedMLP, DenseMLP)}
+    RMSNorm, LayerNorm, Llama3Scaling, LinearScaling, Rotary, Learned, GatedMLP, DenseMLP,
+    KVLayout)}
 
 
 def option_from_dict(value):
