@@ -189,6 +189,7 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_flax_integration.py::test_medusa_and_eagle_decode_custom_models",  # plain fast, Linen slow
     "test_generate.py::test_round_result_reports_what_the_round_did",
     "test_model.py::test_cache_layouts_decode_identically",
+    "test_dynamic.py::test_feature_drafters_greedy_equals_baseline",
 }
 
 

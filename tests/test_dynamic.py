@@ -484,3 +484,66 @@ def test_sampled_ngram_follows_target_with_plain_round_evidence():
   assert spec.rounds_by_k[1] > 0 and spec.rounds_by_k[0] > 0, spec.rounds_by_k
   tokens = np.asarray(spec.tokens)[:, :enumeration.NEW]
   assert_counts_match(enumeration.sequence_counts(tokens), exact, "auto n-gram")
+
+
+# ----------------------------------------------------------------------------- feature drafters
+
+
+def _feature_drafter(kind, target):
+  from jspec.drafters import eagle as E
+  from jspec.drafters import medusa
+  if kind == "medusa":
+    return jspec.Medusa.from_target(target, medusa.init_heads(4, target.config.hidden_size))
+  config = E.EagleConfig.for_target(target.config, initializer_range=0.3)
+  return E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_feature_drafters_greedy_equals_baseline(target, kind):
+  """Medusa and EAGLE under "auto": rounds at K = 0 keep the features current (EAGLE
+  takes them in through `observe`), and greedy output equals the baseline."""
+  drafter = _feature_drafter(kind, target)
+  prompts = ragged_prompts(3, target.vocab_size, seed=44)
+  kw = dict(max_new_tokens=40, eos_id=())
+  base = jspec.generate(target, prompts, **kw)
+  out = jspec.speculative_generate(target, drafter, prompts, num_draft_tokens=SWITCHING, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  assert 0 in used(out) and used(out) - {0}, out.rounds_by_k
+
+
+def test_eagle_cache_stays_true_through_plain_rounds(target):
+  """After drafting and plain rounds in any order, EAGLE's cache holds, at every slot up
+  to the state's feature_start, the pair a prefill over the committed tokens and the
+  target's own features writes: `observe` keeps it so in rounds that do not draft."""
+  from jspec.core import decode
+  eagle = _feature_drafter("eagle", target)
+  auto = schedule.AutoK(choices=(0, 2), costs=(1.0, 1.5))
+  B, S = 2, 64
+  rng = np.random.default_rng(6)
+  tokens = jnp.asarray(rng.integers(0, target.vocab_size, size=(B, 12)), jnp.int32)
+  lengths = jnp.asarray([12, 7], jnp.int32)
+  config = decode.DecodeConfig(auto.max_k, S)
+
+  @jax.jit
+  def run(target, eagle, tokens, lengths):
+    state = dynamic.init_state(target, eagle, tokens, lengths, jnp.full((B,), 30, jnp.int32),
+                               None, jnp.zeros((0,), jnp.int32), jnp.arange(B, dtype=jnp.int32),
+                               auto.costs, config, auto)
+    for index in (1, 0, 0, 0, 1, 0, 1, 0, 0):  # K = 2, 0, 0, 0, 2, 0, 2, 0, 0
+      state = dynamic.fixed_round(target, eagle, state, config, auto, index)
+    return state.decode
+
+  s = run(target, eagle, tokens, lengths)
+  assert int(s.stats.target_calls.min()) == 9
+  L, fs = np.asarray(s.lengths), np.asarray(s.feature_start)
+  committed = s.tokens[:, :int(L.max())]
+  _, hidden, _ = target.apply(committed, None, jnp.zeros((B,), jnp.int32))
+  fresh = jax.jit(lambda t, l, h: eagle.init(t, l, S, h))(committed, s.lengths, hidden[:, :-1])
+  got, want = s.drafter_state, fresh
+  for b in range(B):
+    upto = fs[b] + 1  # slots 0 .. feature_start
+    assert upto > lengths[b]  # rounds of both kinds have run past the prompt
+    np.testing.assert_allclose(np.asarray(got["k"][b, ..., :upto]),
+                               np.asarray(want["k"][b, ..., :upto]), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(got["v"][b, :, :upto]),
+                               np.asarray(want["v"][b, :, :upto]), atol=1e-4, rtol=1e-4)

@@ -22,7 +22,7 @@ import numpy as np
 
 from jspec.core import decode, dynamic, schedule, sharding, streaming
 from jspec.drafters.draft_model import DraftModel
-from jspec.core.drafter import Drafter, TreeDrafter, uses_features
+from jspec.core.drafter import Drafter, TreeDrafter
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
 from jspec.core.tree import Tree
@@ -130,10 +130,6 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
     if sharding.model_axes(target) is None:
       raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                        "the slot axis of its K/V buffers")
-  if isinstance(K, schedule.AutoK) and uses_features(drafter):
-    raise ValueError(f"num_draft_tokens='auto' does not support {type(drafter).__name__}: it "
-                     f"reads the target's hidden states, which rounds without drafting do not "
-                     f"keep; pass a fixed K")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
               seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream)
 

@@ -208,6 +208,10 @@ def decode_round(target: Model, drafter, state: DecodeState,
         target, drafter, state, context, start, last, config.tree, draft_keys, accept_keys)
   state = dataclasses.replace(state, target_cache=cache, drafter_state=drafter_state)
   if state.features is not None:
+    # A round narrower than the state's F (K = 0 in an "auto" loop) leaves the entries
+    # past its block as zeros: they describe slots this round commits nothing at.
+    width = state.features.shape[1]
+    hidden = jnp.pad(hidden, ((0, 0), (0, width - hidden.shape[1]), (0, 0)))
     state = dataclasses.replace(state, features=hidden.astype(state.features.dtype),
                                 feature_start=start)
   active = ~state.done

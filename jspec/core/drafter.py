@@ -37,6 +37,11 @@ which a drafter has; nothing else is probed):
     CatchUpDrafter: sync(state, context, synced) -> state
         a drafter with state (a draft model's KV cache) that rounds without drafting
         leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`).
+    ObservingDrafter: observe(state, context) -> state
+        a feature drafter with state built from the target's features (EAGLE's
+        K/V cache): `"auto"` calls it at the start of each round that does not draft,
+        while the context still holds the features of the round before, which the
+        next round replaces.
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
@@ -127,6 +132,15 @@ class CatchUpDrafter(Protocol):
   def sync(self, state: Any, context: DraftContext, synced: jax.Array) -> Any:
     """The state brought up to the decode-state invariant from `synced` [B], the
     number of leading slots known to be current."""
+
+
+@runtime_checkable
+class ObservingDrafter(Protocol):
+  """A feature drafter whose state must take in every round's features, drafting or not."""
+
+  def observe(self, state: Any, context: DraftContext) -> Any:
+    """The state with the features of `context` taken in, as `propose` would before
+    drafting."""
 
 
 def uses_features(drafter) -> bool:

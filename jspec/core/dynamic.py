@@ -23,6 +23,12 @@ which brings the state up to the decode-state invariant from `synced` [B], the
 number of leading slots known to be current; the loop calls it before a drafting
 round. `DraftModel.sync` feeds the missed tokens in fixed-size chunks.
 
+Feature drafters (Medusa, EAGLE) read the target's hidden states of the round
+before, which every round replaces, K = 0 rounds included (`decode_round` pads their
+one entry to the state's F = max K + 1). Medusa keeps nothing else; a drafter with a
+state built from features (EAGLE's cache) defines `observe(state, context) -> state`,
+which the loop calls at the start of each K = 0 round, before its features are gone.
+
     state = init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
                        eos_ids, seeds, costs, config, auto)
     state = decode_loop(target, drafter, state, config, auto)
@@ -37,7 +43,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.core import decode, streaming
-from jspec.core.drafter import CatchUpDrafter, DraftContext, LookupDrafter
+from jspec.core.drafter import CatchUpDrafter, DraftContext, LookupDrafter, ObservingDrafter
 from jspec.core.model import Model
 from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, choose, stays
 
@@ -64,16 +70,17 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   """
   lazy = isinstance(drafter, CatchUpDrafter)
   target, drafter = decode.prepared(target), decode.prepared(drafter)
-  state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
-                            eos_ids, seeds, config)
   if lazy:
+    state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
+                              eos_ids, seeds, config)
     B = tokens.shape[0]
     drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
+    state = dataclasses.replace(state, drafter_state=drafter_state)
     synced = jnp.zeros((B,), jnp.int32)
-  else:
-    drafter_state = drafter.init(tokens, prompt_lengths, config.cache_length)
+  else:  # as a fixed-K call at the largest K (feature drafters get F = max K + 1 entries)
+    state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
+                              eos_ids, seeds, config)
     synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
-  state = dataclasses.replace(state, drafter_state=drafter_state)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)
   lookup = proposal_counts(drafter, state, auto.max_k)
@@ -115,6 +122,11 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
     context = DraftContext(tokens=s.tokens, lengths=s.lengths)
     s = dataclasses.replace(s, drafter_state=drafter.sync(s.drafter_state, context,
                                                           sched.synced))
+  if k == 0 and isinstance(drafter, ObservingDrafter):
+    # The features of the round before are in the state now and gone after this round.
+    context = DraftContext(tokens=s.tokens, lengths=s.lengths, features=s.features,
+                           feature_start=s.feature_start)
+    s = dataclasses.replace(s, drafter_state=drafter.observe(s.drafter_state, context))
   # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
   # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
   real = jnp.minimum(sched.counts, k)  # [B]

@@ -201,6 +201,12 @@ class Eagle:
     f_last = jnp.take_along_axis(out, at[:, None, None], axis=1)[:, 0]  # f^_{L-1} [B, D]
     return f_last, cache
 
+  def observe(self, cache, context):
+    """The catch-up of `propose` without drafting (`ObservingDrafter`): rounds that do
+    not draft (`num_draft_tokens="auto"` at K = 0) keep the cache's true pairs current,
+    at the cost of one decoder layer over F pairs."""
+    return self._catch_up(cache, context)[1]
+
   def propose(self, cache, context, num_drafts: int, params: sampling.SamplingParams | None,
               keys):
     """`Drafter.propose`: one catch-up call, then K-1 one-pair steps.
