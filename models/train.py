@@ -19,9 +19,6 @@ Objectives:
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import time
 from typing import Callable
 
 import jax
@@ -30,6 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jspec.models import trainer
 from jspec.models.transformer import Transformer, TransformerConfig
 
 
@@ -58,25 +56,18 @@ class TrainConfig:
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW (weight decay on rank >= 2 leaves, biases excepted)
-  under linear warmup and cosine decay to `cfg.end_learning_rate`."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
-      decay_steps=cfg.steps, end_value=cfg.end_learning_rate)
+  """`trainer.make_optimizer` with the decoder's decay rule: every leaf of rank >= 2 but
+  biases (b*) and norm scales, so only the per-layer norm scales' [L, D] stacks are told
+  apart from matrices by name."""
+  return trainer.make_optimizer(cfg, decay=_decays)
 
-  def decay_mask(params):
-    # Decay applies to every leaf of rank >= 2 except stacked biases (b*). Note: the
-    # per-layer norm scales ([L, D], leaf name "scale") are rank 2 and so are decayed
-    # too; the shipped checkpoints were trained this way, so the rule stays until the
-    # next retrain (only the 1-D final norm scale escapes decay).
-    def keep(path, leaf):
-      name = str(getattr(path[-1], "key", path[-1]))
-      return leaf.ndim >= 2 and not ("norm" in name or name.startswith("b"))
-    return jax.tree_util.tree_map_with_path(keep, params)
 
-  return optax.chain(
-      optax.clip_by_global_norm(cfg.clip_norm),
-      optax.adamw(schedule, b1=0.9, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask))
+def _decays(path, leaf) -> bool:
+  # Note: the per-layer norm scales ([L, D], leaf name "scale") are rank 2 and so are
+  # decayed too; the shipped checkpoints were trained this way, so the rule stays until
+  # the next retrain (only the 1-D final norm scale escapes decay).
+  name = str(getattr(path[-1], "key", path[-1]))
+  return leaf.ndim >= 2 and not ("norm" in name or name.startswith("b"))
 
 
 # ----------------------------------------------------------------------------- objectives
@@ -151,7 +142,7 @@ def train(config: TransformerConfig, cfg: TrainConfig, batch_fn: Callable[[int],
           loss_fn: Callable = lm_loss, *, teacher=None, init_params: dict | None = None,
           heldout: np.ndarray | None = None, checkpoint_dir: str | None = None,
           progress: bool = True, desc: str = "train") -> TrainResult:
-  """Train a `Transformer` of `config` for `cfg.steps` steps.
+  """Train a `Transformer` of `config` for `cfg.steps` steps (the loop: `trainer.fit`).
 
   batch_fn(step) returns the step's batch (a dict of arrays); it must be a pure
   function of the step for resumption to be exact. `teacher` (a `jspec.Model`)
@@ -159,116 +150,50 @@ def train(config: TransformerConfig, cfg: TrainConfig, batch_fn: Callable[[int],
   `checkpoint_dir`, model and optimizer state are saved every
   `cfg.checkpoint_every` steps and the run resumes from the latest one.
   """
-  import orbax.checkpoint as ocp
-  from tqdm.auto import tqdm
-
   module = Transformer(config, rngs=nnx.Rngs(cfg.seed))
   if init_params is not None:
     _assign(module, init_params)
   optimizer = nnx.Optimizer(module, make_optimizer(cfg), wrt=nnx.Param)
+  # The loop carries plain nested dicts (what orbax saves); the step rebuilds the NNX
+  # objects from them inside the trace.
+  graphdef, template = nnx.split((module, optimizer))
 
-  @nnx.jit
-  def step_fn(module, optimizer, batch, teacher):
+  def objects(pure):
+    state = jax.tree_util.tree_map(lambda x: x, template)  # a copy to fill
+    nnx.replace_by_pure_dict(state, pure)
+    return nnx.merge(graphdef, state)
+
+  @jax.jit
+  def pure_step(pure, batch, teacher):
+    module, optimizer = objects(pure)
     loss, grads = nnx.value_and_grad(loss_fn)(module, batch, teacher)
     optimizer.update(module, grads)
-    return loss
+    return nnx.to_pure_dict(nnx.state((module, optimizer))), loss
 
-  manager, start, history = None, 0, []
-  if checkpoint_dir is not None:
-    manager = ocp.CheckpointManager(
-        os.path.abspath(checkpoint_dir),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
-    latest = manager.latest_step()
-    if latest is not None:
-      snapshot = _snapshot(module, optimizer)
-      abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, snapshot)
-      restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-      _load_pure(module, restored["module"])
-      _load_pure(optimizer, restored["optimizer"])
-      start = latest
-      history = _read_history(checkpoint_dir)
-
-  # Commit every state array to the device now: arrays built on the host come back
-  # from the first step committed, and that change of placement would retrace and
-  # recompile the step once more.
-  device = jax.devices()[0]
-  for obj in (module, optimizer):
-    nnx.update(obj, jax.device_put(nnx.state(obj), device))
-
-  tokens_per_step = cfg.batch_size * cfg.seq_len
-  bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc,
-             disable=not progress, mininterval=2.0)
-  t0, last_eval, loss_avg = time.perf_counter(), None, None
-  timed_from, timed_steps = None, 0
-  for step in bar:
+  def step_fn(pure, step):
     batch = {k: jnp.asarray(v) for k, v in batch_fn(step).items()}
-    # optax's bias correction mixes Python floats and int32 counts: trace it under
-    # standard promotion even when the caller runs jax in strict mode.
-    with jax.numpy_dtype_promotion("standard"):
-      loss = step_fn(module, optimizer, batch, teacher)
-    if step == start:
-      float(loss)  # first step compiles; exclude it from tokens/s
-      timed_from, timed_steps = time.perf_counter(), 0
-    else:
-      timed_steps += 1
-    done = step + 1
-    if done % 20 == 0 or done == cfg.steps:
-      value = float(loss)
-      loss_avg = value if loss_avg is None else 0.7 * loss_avg + 0.3 * value
-      entry = {"step": done, "loss": round(value, 4)}
-      if heldout is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
-        last_eval = heldout_loss(module.to_model(), heldout)
-        entry["heldout_loss"] = round(last_eval, 4)
-      history.append(entry)
-      rate = timed_steps * tokens_per_step / max(time.perf_counter() - timed_from, 1e-9)
-      postfix = {"loss": f"{loss_avg:.3f}", "tok/s": f"{rate:,.0f}"}
-      if last_eval is not None:
-        postfix["heldout"] = f"{last_eval:.3f}"
-      bar.set_postfix(postfix, refresh=False)
-    if manager is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-      manager.save(done, args=ocp.args.StandardSave(_snapshot(module, optimizer)))
-      manager.wait_until_finished()
-      _write_history(checkpoint_dir, history)
-  bar.close()
-  if manager is not None:
-    manager.close()
-  if heldout is not None and last_eval is None:
-    last_eval = heldout_loss(module.to_model(), heldout)
-  return TrainResult(module=module, steps=cfg.steps, tokens_seen=cfg.steps * tokens_per_step,
-                     heldout_loss=last_eval, history=history,
-                     seconds=time.perf_counter() - t0)
+    pure, loss = pure_step(pure, batch, teacher)
+    return pure, loss, {}
+
+  def evaluate(pure):
+    return {"heldout_loss": round(heldout_loss(objects(pure)[0].to_model(), heldout), 4)}
+
+  run = trainer.fit(nnx.to_pure_dict(nnx.state((module, optimizer))), step_fn, steps=cfg.steps,
+                    tokens_per_step=cfg.batch_size * cfg.seq_len, desc=desc, progress=progress,
+                    checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
+                    run_config=None if checkpoint_dir is None else _run_config(config, cfg),
+                    evaluate=None if heldout is None else evaluate, eval_every=cfg.eval_every)
+  module = objects(run.state)[0]
+  return TrainResult(module=module, steps=cfg.steps, tokens_seen=cfg.steps * cfg.batch_size *
+                     cfg.seq_len, heldout_loss=(run.evaluation or {}).get("heldout_loss"),
+                     history=run.history, seconds=run.seconds)
 
 
-def _snapshot(module, optimizer) -> dict:
-  return {"module": nnx.to_pure_dict(nnx.state(module)),
-          "optimizer": nnx.to_pure_dict(nnx.state(optimizer))}
+def _run_config(config: TransformerConfig, cfg: TrainConfig) -> dict:
+  return {"model": config.to_dict(), "train": dataclasses.asdict(cfg)}
 
 
 def _assign(module: Transformer, params: dict) -> None:
   state = nnx.state(module, nnx.Param)
   nnx.replace_by_pure_dict(state, jax.tree_util.tree_map(jnp.asarray, params))
   nnx.update(module, state)
-
-
-def _load_pure(node, pure: dict) -> None:
-  state = nnx.state(node)
-  nnx.replace_by_pure_dict(state, pure)  # in place
-  nnx.update(node, state)
-
-
-def _history_path(checkpoint_dir) -> str:
-  return os.path.join(checkpoint_dir, "history.json")
-
-
-def _write_history(checkpoint_dir, history) -> None:
-  with open(_history_path(checkpoint_dir), "w") as f:
-    json.dump(history, f)
-
-
-def _read_history(checkpoint_dir) -> list:
-  path = _history_path(checkpoint_dir)
-  if not os.path.isfile(path):
-    return []
-  with open(path) as f:
-    return json.load(f)
-

@@ -42,7 +42,7 @@ import optax
 
 from jspec.drafters import eagle as E
 from jspec.core.drafter import DraftContext
-from jspec.models.train import _read_history, _write_history
+from jspec.models import trainer
 
 ACCEPT_K = 4
 ACCEPT_NEW_TOKENS = 128
@@ -79,14 +79,8 @@ class EagleTrainConfig:
 
 
 def make_optimizer(cfg: EagleTrainConfig) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW (decay on matrices only) under warmup + cosine."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
-      decay_steps=cfg.steps, end_value=cfg.end_learning_rate)
-  decay_mask = lambda params: jax.tree_util.tree_map(lambda x: x.ndim >= 2, params)
-  return optax.chain(
-      optax.clip_by_global_norm(cfg.clip_norm),
-      optax.adamw(schedule, b1=0.9, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=decay_mask))
+  """`trainer.make_optimizer`: decay on matrices only, warmup + cosine."""
+  return trainer.make_optimizer(cfg)
 
 
 # ----------------------------------------------------------------------------- objective
@@ -292,92 +286,35 @@ def train_eagle(target, cfg: EagleTrainConfig, batch_fn: Callable[[int], np.ndar
   only). With `checkpoint_dir`, params and optimizer state are saved every
   `cfg.checkpoint_every` steps and a rerun resumes from the latest.
   """
-  import orbax.checkpoint as ocp
-  from tqdm.auto import tqdm
-
   config = E.EagleConfig.for_target(target.config) if config is None else config
   params = E.init_params(config, jax.random.key(cfg.seed)) if init_params is None else init_params
   frame = E.Eagle.from_target(target, params, config)
-  optimizer, step_fn = make_step(cfg)
+  optimizer, step = make_step(cfg)
   with jax.numpy_dtype_promotion("standard"):
     opt_state = optimizer.init(params)
-
-  manager, start, history = None, 0, []
-  if checkpoint_dir is not None:
-    manager = ocp.CheckpointManager(
-        os.path.abspath(checkpoint_dir),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
-    _check_resumable(checkpoint_dir, cfg, config)
-    latest = manager.latest_step()
-    if latest is not None:
-      snapshot = {"params": params, "opt_state": opt_state}
-      abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, snapshot)
-      restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-      params, opt_state = restored["params"], restored["opt_state"]
-      start = latest
-      history = _read_history(checkpoint_dir)
-  # Commit the state to the device now, so the first step's outputs do not change
-  # placement and recompile the step.
-  device = jax.devices()[0]
-  params, opt_state = jax.device_put((params, opt_state), device)
   frame = dataclasses.replace(frame, params=None)  # the step takes params separately
 
-  tokens_per_step = cfg.batch_size * cfg.seq_len
-  bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc,
-             disable=not progress, mininterval=2.0)
-  t0 = time.perf_counter()
-  timed_from, timed_steps, avg, last_eval = None, 0, None, None
-  for step in bar:
-    tokens = jnp.asarray(batch_fn(step), jnp.int32)
-    key = jax.random.fold_in(jax.random.key(cfg.seed), step)
-    # optax mixes Python floats and int32 counts: standard promotion even under strict mode.
-    with jax.numpy_dtype_promotion("standard"):
-      params, opt_state, loss, metrics = step_fn(params, opt_state, frame, target, tokens, key)
-    if step == start:
-      float(loss)  # the first step compiles; keep it out of tokens/s
-      timed_from, timed_steps = time.perf_counter(), 0
-    else:
-      timed_steps += 1
-    done = step + 1
-    if done % 20 == 0 or done == cfg.steps:
-      entry = {"step": done, "loss": round(float(loss), 4),
-               **{k: round(float(v), 4) for k, v in metrics.items()}}
-      avg = entry if avg is None else {k: 0.7 * avg[k] + 0.3 * entry[k] for k in entry}
-      if heldout is not None and eval_every and done % eval_every == 0 and done != cfg.steps:
-        last_eval = evaluate(E.Eagle.from_target(target, params, config), target, heldout)
-        entry["heldout"] = last_eval
-      history.append(entry)
-      rate = timed_steps * tokens_per_step / max(time.perf_counter() - timed_from, 1e-9)
-      bar.set_postfix({"loss": f"{avg['loss']:.3f}", "top1": f"{avg['top1']:.3f}",
-                       "tok/s": f"{rate:,.0f}"}, refresh=False)
-    if manager is not None and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-      manager.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state}))
-      manager.wait_until_finished()
-      _write_history(checkpoint_dir, history)
-  bar.close()
-  if manager is not None:
-    manager.close()
-  eagle = E.Eagle.from_target(target, params, config)
-  seconds = time.perf_counter() - t0
-  if heldout is not None:
-    last_eval = evaluate(eagle, target, heldout)
-  return EagleTrainResult(eagle=eagle, steps=cfg.steps, tokens_seen=cfg.steps * tokens_per_step,
-                          history=history, seconds=seconds, heldout=last_eval)
+  def step_fn(state, i):
+    tokens = jnp.asarray(batch_fn(i), jnp.int32)
+    key = jax.random.fold_in(jax.random.key(cfg.seed), i)
+    params, opt_state, loss, metrics = step(state["params"], state["opt_state"], frame, target,
+                                            tokens, key)
+    return {"params": params, "opt_state": opt_state}, loss, metrics
 
+  def evaluate_state(state):
+    return {"heldout": evaluate(E.Eagle.from_target(target, state["params"], config), target,
+                                heldout)}
 
-def _check_resumable(checkpoint_dir, cfg: EagleTrainConfig, config: E.EagleConfig) -> None:
-  """Record the run's settings in `checkpoint_dir`, or refuse to resume a different run."""
-  path = os.path.join(checkpoint_dir, "run.json")
-  run = {"train_config": dataclasses.asdict(cfg), "eagle_config": config.to_dict()}
-  if os.path.isfile(path):
-    with open(path) as f:
-      earlier = json.load(f)
-    if earlier != json.loads(json.dumps(run)):
-      raise ValueError(f"{checkpoint_dir} holds the state of a different run ({path}); "
-                       f"resume it with the same settings or use another directory")
-  else:
-    with open(path, "w") as f:
-      json.dump(run, f, indent=2)
+  run = trainer.fit({"params": params, "opt_state": opt_state}, step_fn, steps=cfg.steps,
+                    tokens_per_step=cfg.batch_size * cfg.seq_len, desc=desc, progress=progress,
+                    checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
+                    run_config={"train_config": dataclasses.asdict(cfg),
+                                "eagle_config": config.to_dict()},
+                    evaluate=None if heldout is None else evaluate_state, eval_every=eval_every)
+  return EagleTrainResult(eagle=E.Eagle.from_target(target, run.state["params"], config),
+                          steps=cfg.steps, tokens_seen=cfg.steps * cfg.batch_size * cfg.seq_len,
+                          history=run.history, seconds=run.seconds,
+                          heldout=(run.evaluation or {}).get("heldout"))
 
 
 # ----------------------------------------------------------------------------- shipped run

@@ -45,7 +45,7 @@ import optax
 from jax import lax
 
 from jspec.drafters import medusa
-from jspec.models import corpus
+from jspec.models import corpus, trainer
 
 # The shipped run: about 10 minutes on 2 CPU cores (400k target tokens). A 60-step
 # pilot at batch 4 preferred a peak learning rate of 1e-2 over 1e-3, 3e-3 and 3e-2.
@@ -132,12 +132,12 @@ def medusa_loss(heads: dict, target, tokens) -> tuple[jax.Array, jax.Array]:
 
 def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float = 0.01,
                    clip_norm: float = 1.0) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW (decay on "w" only) under warmup + cosine to lr/10."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=lr, warmup_steps=warmup, decay_steps=steps, end_value=lr / 10)
-  mask = lambda heads: {"w": True, "b": False}
-  return optax.chain(optax.clip_by_global_norm(clip_norm),
-                     optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay, mask=mask))
+  """`trainer.make_optimizer` under warmup + cosine to lr/10, decay on "w" only (it pulls
+  each head towards the target's own head)."""
+  schedule = trainer.Schedule(steps=steps, learning_rate=lr, warmup_steps=warmup,
+                              end_learning_rate=lr / 10, weight_decay=weight_decay,
+                              clip_norm=clip_norm)
+  return trainer.make_optimizer(schedule, decay=lambda path, leaf: path[-1].key == "w")
 
 
 def make_train_step(optimizer: optax.GradientTransformation):
@@ -156,6 +156,15 @@ def make_train_step(optimizer: optax.GradientTransformation):
     with jax.numpy_dtype_promotion("standard"):
       return step(heads, opt_state, target, tokens)
 
+  return run
+
+
+def _fit_step(step_fn, target, next_batch):
+  """`trainer.fit`'s step over the state {"heads", "opt_state"}."""
+  def run(state, step):
+    heads, opt_state, loss, per_head = step_fn(state["heads"], state["opt_state"], target,
+                                               jnp.asarray(next_batch(step)))
+    return {"heads": heads, "opt_state": opt_state}, loss, {"per_head": per_head}
   return run
 
 
@@ -221,37 +230,6 @@ def _prepare_out(out: str) -> str:
   return out
 
 
-def _resume(checkpoint_dir: str, run_config: dict, state: dict):
-  """(manager, start step, state, history): resume from the latest checkpoint in
-  checkpoint_dir when one exists for the same run settings."""
-  import orbax.checkpoint as ocp
-
-  checkpoint_dir = os.path.abspath(checkpoint_dir)
-  os.makedirs(checkpoint_dir, exist_ok=True)
-  run_path = os.path.join(checkpoint_dir, "run.json")
-  if os.path.isfile(run_path):
-    with open(run_path) as f:
-      earlier = json.load(f)
-    if earlier != run_config:
-      raise ValueError(f"{checkpoint_dir} holds training state of a different run "
-                       f"({earlier}); delete it or use another work directory")
-  else:
-    with open(run_path, "w") as f:
-      json.dump(run_config, f, indent=2)
-  manager = ocp.CheckpointManager(
-      os.path.join(checkpoint_dir, "steps"),
-      options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
-  latest, history = manager.latest_step(), []
-  if latest is not None:
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state)
-    state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-    history_path = os.path.join(checkpoint_dir, "history.json")
-    if os.path.isfile(history_path):
-      with open(history_path) as f:
-        history = json.load(f)
-  return manager, (latest or 0), state, history
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainedHeads:
   """What `train_medusa` returns."""
@@ -286,9 +264,6 @@ def train_medusa(target, steps: int = STEPS, batch: int = BATCH, seq_len: int = 
   out/manifest.json). With `out`, the report evaluates the heads as saved (cast to
   `stored_dtype` on disk, loaded as f32).
   """
-  import orbax.checkpoint as ocp
-  from tqdm.auto import tqdm
-
   t_start = time.perf_counter()
   if steps < 1 or batch < 1 or seq_len <= num_heads or num_heads < 1:
     raise ValueError(f"need steps >= 1, batch >= 1, num_heads >= 1 and seq_len > num_heads; got "
@@ -309,49 +284,19 @@ def train_medusa(target, steps: int = STEPS, batch: int = BATCH, seq_len: int = 
   D = target.config.hidden_size
   optimizer = make_optimizer(lr, steps, warmup, weight_decay)
   heads = medusa.init_heads(num_heads, D)
-  state = {"heads": heads, "opt_state": optimizer.init(heads)}
-  manager, start, history = None, 0, []
-  if work is not None:
-    run_config = {"steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
-                  "num_heads": num_heads, "seed": seed, "warmup": warmup,
-                  "weight_decay": weight_decay, "hidden_size": D,
-                  "vocab_size": target.vocab_size, "target": target_name}
-    manager, start, state, history = _resume(os.path.join(work, "train"), run_config, state)
-  device = jax.devices()[0]
-  state = jax.device_put(state, device)  # committed now, so step 2 does not recompile
-  heads, opt_state = state["heads"], state["opt_state"]
-
-  step_fn = make_train_step(optimizer)
-  next_batch = batch_fn(train_stream, batch, seq_len, seed)
+  run_config = {"steps": steps, "batch": batch, "seq_len": seq_len, "lr": lr,
+                "num_heads": num_heads, "seed": seed, "warmup": warmup,
+                "weight_decay": weight_decay, "hidden_size": D,
+                "vocab_size": target.vocab_size, "target": target_name}
+  step_fn = _fit_step(make_train_step(optimizer), target,
+                      batch_fn(train_stream, batch, seq_len, seed))
   tokens_per_step = batch * seq_len
-  bar = tqdm(range(start, steps), initial=start, total=steps, desc="medusa",
-             disable=not progress, mininterval=2.0)
-  t_train, timed_from, timed_steps, loss_avg = time.perf_counter(), None, 0, None
-  for step in bar:
-    tokens = jnp.asarray(next_batch(step))
-    heads, opt_state, loss, per_head = step_fn(heads, opt_state, target, tokens)
-    if step == start:
-      float(loss)  # the first step compiles; keep it out of tokens/s
-      timed_from, timed_steps = time.perf_counter(), 0
-    else:
-      timed_steps += 1
-    done = step + 1
-    if done % log_every == 0 or done == steps:
-      value = float(loss)
-      loss_avg = value if loss_avg is None else 0.7 * loss_avg + 0.3 * value
-      history.append({"step": done, "loss": round(value, 4),
-                      "per_head": [round(float(x), 4) for x in np.asarray(per_head)]})
-      rate = timed_steps * tokens_per_step / max(time.perf_counter() - timed_from, 1e-9)
-      bar.set_postfix({"loss": f"{loss_avg:.3f}", "tok/s": f"{rate:,.0f}"}, refresh=False)
-    if manager is not None and (done % checkpoint_every == 0 or done == steps):
-      manager.save(done, args=ocp.args.StandardSave({"heads": heads, "opt_state": opt_state}))
-      manager.wait_until_finished()
-      with open(os.path.join(work, "train", "history.json"), "w") as f:
-        json.dump(history, f)
-  bar.close()
-  if manager is not None:
-    manager.close()
-  train_seconds = time.perf_counter() - t_train
+  run = trainer.fit({"heads": heads, "opt_state": optimizer.init(heads)}, step_fn, steps=steps,
+                    tokens_per_step=tokens_per_step, desc="medusa", progress=progress,
+                    checkpoint_dir=None if work is None else os.path.join(work, "train"),
+                    checkpoint_every=checkpoint_every, run_config=run_config,
+                    log_every=log_every)
+  heads, history, start, train_seconds = run.state["heads"], run.history, run.start, run.seconds
 
   trained = medusa.Medusa.from_target(target, heads)
   config = {"num_heads": num_heads, "hidden_size": D, "vocab_size": target.vocab_size}

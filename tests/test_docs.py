@@ -44,6 +44,7 @@ MODULES = (
     "jspec.models.recipe",
     "jspec.models.shipped",
     "jspec.models.train",
+    "jspec.models.trainer",
     "jspec.models.transformer",
 )
 

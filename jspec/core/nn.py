@@ -237,6 +237,7 @@ class KVLayout:
     return tuple(size[a] for a in getattr(self, which))
 
   def slot_axis(self, which: str) -> int:
+    """The index of the slot axis in buffer `which`."""
     return getattr(self, which).index("s")
 
   def arrange(self, which: str, x):
