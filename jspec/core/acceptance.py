@@ -40,7 +40,7 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
   """
   B, K1, V = p.shape
   K = K1 - 1
-  u_keys, r_keys = _split_rows(keys)
+  u_keys, r_keys = sampling.split_rows(keys)
   u = jax.vmap(lambda k: jax.random.uniform(k, (K,), jnp.float32))(u_keys)  # [B, K]
 
   p_d = jnp.take_along_axis(p[:, :K], drafts[:, :, None], axis=-1)[..., 0]  # [B, K]
@@ -85,8 +85,3 @@ def accept_greedy(logits: jax.Array, drafts: jax.Array):
   n = jnp.sum(jnp.cumprod(matches, axis=1), axis=1).astype(jnp.int32)
   next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
   return n, next_token
-
-
-def _split_rows(keys: jax.Array):
-  pairs = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
-  return pairs[:, 0], pairs[:, 1]

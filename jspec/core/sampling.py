@@ -129,6 +129,12 @@ def row_keys(seeds: jax.Array) -> jax.Array:
   return jax.vmap(jax.random.key)(seeds)
 
 
+def split_rows(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Two independent keys per row from keys [B]: ([B], [B])."""
+  pairs = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
+  return pairs[:, 0], pairs[:, 1]
+
+
 def fold(keys: jax.Array, data) -> jax.Array:
   """fold_in per row: keys [B], data scalar or [B] int32."""
   data = jnp.broadcast_to(jnp.asarray(data, jnp.uint32), keys.shape)

@@ -255,7 +255,7 @@ def accept_sampled(p: jax.Array, candidates: jax.Array, tree: Tree, keys: jax.Ar
   -> node [B] int32 accepted node, next_token [B] int32.
   """
   B, N, V = p.shape
-  u_keys, r_keys = _split_rows(keys)
+  u_keys, r_keys = sampling.split_rows(keys)
   u = jax.vmap(lambda k: jax.random.uniform(k, (N,), jnp.float32))(u_keys)  # [B, N] one per node
   tokens = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), candidates.astype(jnp.int32)], axis=1)
   children = jnp.asarray(tree.children)  # [N, C]
@@ -331,8 +331,3 @@ def compact(cache, cache_axes, start: jax.Array, path: jax.Array, num_nodes: int
 
   return jax.tree_util.tree_map(one_leaf, cache, cache_axes,
                                 is_leaf=lambda x: isinstance(x, tuple) or x is None)
-
-
-def _split_rows(keys: jax.Array):
-  pairs = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
-  return pairs[:, 0], pairs[:, 1]
