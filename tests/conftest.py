@@ -134,6 +134,7 @@ SLOW_TESTS = {  # every case
     "test_checkpoint.py::test_save_without_tokenizer_or_eos",
     "test_errors.py::test_cache_exactly_large_enough_works",
     "test_distribution.py::test_whole_sequence_distribution",
+    "test_distribution.py::test_reduced_vocabulary_draft_keeps_the_distribution",
     "test_medusa.py::test_a_few_training_steps_lower_the_loss",
     "test_medusa.py::test_train_medusa_saves_reports_and_resumes",
     "test_sharding.py::test_two_processes_match_single_process",
@@ -190,6 +191,7 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_round_result_reports_what_the_round_did",
     "test_model.py::test_cache_layouts_decode_identically",
     "test_dynamic.py::test_feature_drafters_greedy_equals_baseline",
+    "test_reduced_vocab.py::test_drafts_stay_in_the_set_and_q_is_zero_outside",
 }
 
 

@@ -72,3 +72,28 @@ def test_whole_sequence_distribution(pair, temperature, top_k):
   # Power check: sequences sampled from the draft are rejected as target samples.
   from_draft = jspec.generate(draft, prompts, **kw)
   assert not chi_square_ok(sequence_counts(from_draft.tokens), exact)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
+def test_reduced_vocabulary_draft_keeps_the_distribution(pair, temperature, top_k):
+  """A draft that scores only 4 of the 6 ids (FR-Spec): its q is zero at ids 1 and 4,
+  which the target still emits through the residual, with the target's exact
+  probabilities."""
+  target, _ = pair
+  exact = exact_distribution(target, temperature, top_k)
+  # A peaked draft: q far from uniform over the set, so a q that is not the one the
+  # drafts were drawn from would show in the counts.
+  draft = jspec.models.init(tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1,
+                                        scale=1.0), seed=23)
+  reduced = jspec.DraftModel.reduced(draft, [0, 2, 3, 5])
+  kw = dict(max_new_tokens=NEW, temperature=temperature, top_k=top_k, seed=2025)
+  spec = jspec.speculative_generate(target, reduced, [PROMPT] * ROWS, num_draft_tokens=2, **kw)
+  hist = np.asarray(spec.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
+  counts = sequence_counts(spec.tokens)
+  outside = np.isin(np.arange(V), [1, 4])
+  # Sequences through the ids the draft never proposes carry real mass here.
+  through = np.array([outside[a] or outside[b] or outside[c]
+                      for a, b, c in itertools.product(range(V), repeat=NEW)])
+  assert exact[through].sum() > 0.2 and counts[through].sum() > 0.2 * ROWS
+  assert_counts_match(counts, exact, "reduced-vocabulary speculative")

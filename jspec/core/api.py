@@ -191,13 +191,13 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   else:
     target = _placed(target, layout, replicate=False)
     if isinstance(drafter, DraftModel):
-      drafter = DraftModel(_placed(drafter.model, layout, replicate=True))
+      drafter = dataclasses.replace(drafter, model=_placed(drafter.model, layout, replicate=True))
     rows = [sharding.put(x, layout.batch(x.shape)) for x in rows]
     eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
   # The decoding form of the weights, built once per model rather than once per call.
   target = target.decoding_form()
   if isinstance(drafter, DraftModel):
-    drafter = DraftModel(drafter.model.decoding_form())
+    drafter = dataclasses.replace(drafter, model=drafter.model.decoding_form())
   costs = None
   if auto is not None:
     # Top-k / top-p make every position of a round sort its logits (costs differ).

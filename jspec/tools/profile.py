@@ -245,7 +245,7 @@ def _as_called(target: Model, drafter):
   from jspec.drafters.draft_model import DraftModel
 
   if isinstance(drafter, DraftModel):
-    drafter = DraftModel(drafter.model.decoding_form())
+    drafter = dataclasses.replace(drafter, model=drafter.model.decoding_form())
   return target.decoding_form(), drafter
 
 

@@ -1,0 +1,94 @@
+"""Reduced-vocabulary drafting (FR-Spec): the draft scores a subset of ids, exactly.
+
+The distribution test is in test_distribution.py (whole-sequence enumeration at
+T = 1 and at T = 0.7 with top-k)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from conftest import assert_greedy_match, ragged_prompts, tiny_config
+from jspec.core.drafter import DraftContext
+from jspec.drafters.draft_model import frequent_tokens
+
+IDS = np.arange(0, 64, 2, dtype=np.int32)  # the even ids: half the vocabulary
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_drafts_stay_in_the_set_and_q_is_zero_outside(target, far_draft, tie):
+  draft = far_draft if not tie else jspec.models.init(
+      tiny_config(layers=1, hidden=16, heads=2, kv_heads=1, tie=True), seed=3)
+  reduced = jspec.DraftModel.reduced(draft, IDS)
+  B, S, K = 3, 32, 4
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(B, S)), jnp.int32)
+  lengths = jnp.asarray([5, 9, 2], jnp.int32)
+  params = jspec.SamplingParams(temperature=jnp.full((B,), 0.8, jnp.float32),
+                                top_k=jnp.zeros((B,), jnp.int32),
+                                top_p=jnp.full((B,), 0.9, jnp.float32))
+  keys = jax.random.split(jax.random.key(1), B)
+
+  @jax.jit
+  def run(d, params):
+    d = d.prepared()
+    cache = d.init(tokens[:, :10], lengths, S)
+    return d.propose(cache, DraftContext(tokens, lengths), K, params, keys)[:2]
+
+  drafts, q = run(reduced, params)
+  assert np.isin(np.asarray(drafts), IDS).all()
+  q = np.asarray(q)
+  odd = np.setdiff1d(np.arange(64), IDS)
+  assert q.shape == (B, K, 64) and np.all(q[..., odd] == 0)
+  np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-5)
+  # Each draft has positive probability under the q it came from.
+  assert np.all(np.take_along_axis(q, np.asarray(drafts)[..., None], -1) > 0)
+  # Greedy: the argmax over the set, i.e. the full model's best even id.
+  greedy, none = run(reduced, None)
+  assert none is None and np.isin(np.asarray(greedy), IDS).all()
+  full = jax.jit(lambda d: d.prepared().propose(d.prepared().init(tokens[:, :10], lengths, S),
+                                               DraftContext(tokens, lengths), 1, None, keys)[0])
+  first_full = np.asarray(full(jspec.DraftModel(draft)))[:, 0]
+  even = np.isin(first_full, IDS)
+  np.testing.assert_array_equal(np.asarray(greedy)[even, 0], first_full[even])
+
+
+def test_greedy_equals_baseline_with_a_reduced_vocabulary(target, close_draft):
+  prompts = ragged_prompts(3, target.vocab_size, seed=9)
+  kw = dict(max_new_tokens=24, eos_id=())
+  close_draft = jspec.models.make_model(close_draft.config, close_draft.params)  # with its head
+  base = jspec.generate(target, prompts, **kw)
+  out = jspec.speculative_generate(target, jspec.DraftModel.reduced(close_draft, IDS), prompts,
+                                   num_draft_tokens=3, **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  tree = jspec.speculative_generate(target, jspec.DraftModel.reduced(close_draft, IDS), prompts,
+                                    tree=jspec.Tree.from_paths([(0, 0), (1,)]), **kw)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(tree.tokens))
+  # The set reaches the decoding program: drafting only an id the target never emits
+  # here, no draft is accepted, where the full draft has many accepted.
+  emitted = np.asarray(base.tokens)
+  unused = int(np.setdiff1d(np.arange(64), emitted[emitted >= 0])[0])
+  only = jspec.speculative_generate(target, jspec.DraftModel.reduced(close_draft, [unused]),
+                                    prompts, num_draft_tokens=3, **kw)
+  full = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3, **kw)
+  assert int(np.sum(only.stats.accepted)) == 0 < int(np.sum(full.stats.accepted))
+
+
+def test_frequent_tokens():
+  stream = np.array([5, 5, 5, 2, 2, 9, 9, 1, 7])
+  np.testing.assert_array_equal(frequent_tokens(stream, 3, 10), [2, 5, 9])
+  np.testing.assert_array_equal(frequent_tokens(stream, 4, 10), [1, 2, 5, 9])  # ties: lower id
+  with pytest.raises(ValueError, match="count"):
+    frequent_tokens(stream, 0, 10)
+  with pytest.raises(ValueError, match=r"\[0, 8\)"):
+    frequent_tokens(stream, 2, 8)
+
+
+@pytest.mark.parametrize("ids,match", [
+    ([], "non-empty"), ([[1, 2]], "1-D"), ([0, 64], r"\[0, 64\)"), ([-1, 3], r"\[0, 64\)"),
+    ([3, 3], "distinct"), ([0.5, 1.0], "token ids"),
+])
+def test_bad_ids(far_draft, ids, match):
+  with pytest.raises(ValueError, match=match):
+    jspec.DraftModel.reduced(far_draft, np.asarray(ids))
