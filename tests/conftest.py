@@ -135,6 +135,8 @@ SLOW_TESTS = {  # every case
     "test_errors.py::test_cache_exactly_large_enough_works",
     "test_distribution.py::test_whole_sequence_distribution",
     "test_distribution.py::test_reduced_vocabulary_draft_keeps_the_distribution",
+    "test_distribution.py::test_reduced_vocabulary_eagle_keeps_the_distribution",
+    "test_reduced_vocab.py::test_eagle_with_a_reduced_vocabulary",
     "test_medusa.py::test_a_few_training_steps_lower_the_loss",
     "test_medusa.py::test_train_medusa_saves_reports_and_resumes",
     "test_sharding.py::test_two_processes_match_single_process",

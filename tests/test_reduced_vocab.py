@@ -11,7 +11,7 @@ import pytest
 import jspec
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
 from jspec.core.drafter import DraftContext
-from jspec.drafters.draft_model import frequent_tokens
+from jspec.drafters.vocab_subset import frequent_tokens
 
 IDS = np.arange(0, 64, 2, dtype=np.int32)  # the even ids: half the vocabulary
 
@@ -92,3 +92,37 @@ def test_frequent_tokens():
 def test_bad_ids(far_draft, ids, match):
   with pytest.raises(ValueError, match=match):
     jspec.DraftModel.reduced(far_draft, np.asarray(ids))
+
+
+def test_eagle_with_a_reduced_vocabulary(target):
+  """EAGLE drafting over half the ids: drafts and tree candidates in the set, q zero
+  outside it, greedy chain and tree output equal to the baseline."""
+  from jspec.drafters import eagle as E
+  config = E.EagleConfig.for_target(target.config, initializer_range=0.3)
+  eagle = E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config)
+  reduced = eagle.reduced(IDS)
+  prompts = ragged_prompts(3, target.vocab_size, seed=12)
+  kw = dict(max_new_tokens=16, eos_id=())
+  base = jspec.generate(target, prompts, **kw)
+  for extra in (dict(num_draft_tokens=3), dict(tree=jspec.Tree.from_paths([(0, 0), (1,)]))):
+    out = jspec.speculative_generate(target, reduced, prompts, **extra, **kw)
+    assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
+  B, F, D = 2, 3, target.config.hidden_size
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 64, size=(B, 16)), jnp.int32)
+  lengths = jnp.asarray([6, 9], jnp.int32)
+  context = DraftContext(tokens, lengths,
+                         features=jax.random.normal(jax.random.key(2), (B, F, D), jnp.float32),
+                         feature_start=lengths - 1 - F)
+  params = jspec.SamplingParams(temperature=jnp.ones((B,), jnp.float32),
+                                top_k=jnp.zeros((B,), jnp.int32), top_p=jnp.ones((B,), jnp.float32))
+  cache = reduced.init_cache(B, 16)
+  drafts, q, _ = jax.jit(lambda e, c: e.propose(c, context, 3, params,
+                                                jax.random.split(jax.random.key(0), B)))(reduced,
+                                                                                          cache)
+  assert np.isin(np.asarray(drafts), IDS).all()
+  odd = np.setdiff1d(np.arange(64), IDS)
+  assert np.all(np.asarray(q)[..., odd] == 0)
+  np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, atol=1e-5)
+  candidates, _ = jax.jit(lambda e, c: e.propose_tree(c, context, jspec.Tree.from_paths(
+      [(0, 0), (1,), (2,)])))(reduced, cache)
+  assert np.isin(np.asarray(candidates), IDS).all()

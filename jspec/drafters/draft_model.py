@@ -16,15 +16,10 @@ anything attends to it.
 With `params=None` (every row greedy, static) the drafts are the draft model's
 argmax and q is None (one-hot at the drafts): no V-wide probabilities, no sampling.
 
-Reduced vocabulary (FR-Spec, Zhao et al. 2025): `DraftModel.reduced(model, ids)`
-scores only the N token ids in `ids` (the most frequent of the draft's training
-data, `frequent_tokens`), with the model's own output-head rows for them; the full
-V-wide head is never computed (its logits go unused and XLA drops them). Drafts
-then lie in `ids`, q is zero outside them, and acceptance stays exact: the target
-still emits any token, through the residual max(p - q, 0), which keeps all of p's
-mass outside the set. FR-Spec measured that scoring the most frequent quarter of a
-128k vocabulary cut the draft's output-layer cost by about 75% at a small loss of
-acceptance.
+Reduced vocabulary: `DraftModel.reduced(model, ids)` scores only the token ids in
+`ids` (FR-Spec; `jspec.drafters.vocab_subset`), with the model's own output-head
+rows for them; the V-wide head is never computed (its logits go unused and XLA
+drops them). Drafts lie in `ids`, q is zero elsewhere, and acceptance stays exact.
 """
 
 from __future__ import annotations
@@ -40,6 +35,7 @@ from jspec.core import prefill, sampling
 from jspec.core.drafter import DraftContext
 from jspec.core.model import Model
 from jspec.core.tree import top_ranked
+from jspec.drafters import vocab_subset
 
 SYNC_CHUNK = 16  # tokens per catch-up call after rounds without drafting
 
@@ -62,18 +58,9 @@ class DraftModel:
     ids: distinct token ids in [0, V), e.g. `frequent_tokens(stream, N, V)`. The model
     must expose its output head (`Model.head_fn`).
     """
-    ids = np.asarray(ids)
-    V = model.vocab_size
-    if ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer):
-      raise ValueError(f"ids must be a non-empty 1-D array of token ids, got shape {ids.shape} "
-                       f"of {ids.dtype}")
-    if ids.min() < 0 or ids.max() >= V:
-      raise ValueError(f"ids must lie in [0, {V}) (the draft's vocabulary), got "
-                       f"[{ids.min()}, {ids.max()}]")
-    if np.unique(ids).size != ids.size:
-      raise ValueError("ids must be distinct: a token listed twice would get two shares of q")
+    ids = vocab_subset.check_ids(ids, model.vocab_size)
     model.head()  # a model without an exposed head fails here, before any tracing
-    return cls(model, jnp.asarray(ids, jnp.int32))
+    return cls(model, ids)
 
   @property
   def vocab_size(self) -> int:
@@ -86,11 +73,8 @@ class DraftModel:
     if self.ids is None:
       return DraftModel(self.model.prepared())
     head = self.model.head()
-    if head.lm_head is None:  # tied: embed [V, D]
-      rows = jnp.take(head.embed, self.ids, axis=0)
-    else:  # lm_head [D, V]
-      rows = jnp.take(head.lm_head, self.ids, axis=1).T
-    return DraftModel(self.model.prepared(), self.ids, rows)
+    return DraftModel(self.model.prepared(), self.ids,
+                      vocab_subset.head_rows(head.embed, head.lm_head, self.ids))
 
   def _scores(self, logits, hidden):
     """Logits over the drafted ids: [B, T, V] as the model gives them, or [B, T, N]
@@ -98,20 +82,15 @@ class DraftModel:
     if self.ids is None:
       return logits
     rows = self.rows if self.rows is not None else self.prepared().rows
-    scores = jnp.einsum("btd,nd->btn", hidden.astype(rows.dtype), rows,
-                        preferred_element_type=jnp.float32)
-    cap = self.model.head().final_logit_softcapping
-    return jnp.tanh(scores / cap) * cap if cap else scores
+    return vocab_subset.scores(hidden, rows, self.model.head().final_logit_softcapping)
 
   def _token(self, index):
     """Token ids of score indices (the identity over the whole vocabulary)."""
-    return index if self.ids is None else jnp.take(self.ids, index).astype(jnp.int32)
+    return index if self.ids is None else vocab_subset.token_ids(self.ids, index)
 
   def _full(self, q):
     """q [B, N] over the drafted ids as [B, V] (zero elsewhere)."""
-    if self.ids is None:
-      return q
-    return jnp.zeros(q.shape[:-1] + (self.vocab_size,), q.dtype).at[..., self.ids].set(q)
+    return q if self.ids is None else vocab_subset.spread(self.ids, q, self.vocab_size)
 
   def init(self, tokens, prompt_lengths, cache_length: int):
     """`Drafter.init`: a [B, S] KV cache with the prompts prefilled (all but the last token).
@@ -239,16 +218,3 @@ class DraftModel:
 
     _, cache = lax.while_loop(missing, feed, (synced.astype(jnp.int32), cache))
     return cache
-
-
-def frequent_tokens(tokens, count: int, vocab_size: int) -> np.ndarray:
-  """The `count` most frequent ids of a token stream (ties to the lower id), ascending:
-  the drafted set of `DraftModel.reduced`."""
-  tokens = np.asarray(tokens).reshape(-1)
-  if not 1 <= count <= vocab_size:
-    raise ValueError(f"count must lie in [1, {vocab_size}], got {count}")
-  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-    raise ValueError(f"token ids must lie in [0, {vocab_size})")
-  freq = np.bincount(tokens.astype(np.int64), minlength=vocab_size)
-  order = np.lexsort((np.arange(vocab_size), -freq))  # by count, then by id
-  return np.sort(order[:count]).astype(np.int32)

@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from jspec.core import sampling
-from jspec.drafters import params_io
+from jspec.drafters import params_io, vocab_subset
 from jspec.core.model import Model
 from jspec.core.tree import top_ranked
 # The head's config, params and layer (eagle_head); EagleConfig and init_params are public here.
@@ -77,6 +77,8 @@ class Eagle:
   embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
   final_logit_softcapping: float | None = dataclasses.field(
       default=None, metadata=dict(static=True))
+  ids: jax.Array | None = None  # [N] int32: the token ids drafted (None: all V; `reduced`)
+  rows: jax.Array | None = None  # [N, D] the LM-head rows of `ids`
 
   uses_features = True  # the decode loop passes target hidden states (not a field)
 
@@ -99,6 +101,22 @@ class Eagle:
     return cls(params=head_params, embed=head.embed, lm_head=head.lm_head, config=config,
                embedding_multiplier=head.embedding_multiplier,
                final_logit_softcapping=head.final_logit_softcapping)
+
+  def reduced(self, ids) -> "Eagle":
+    """This head drafting over the token ids `ids` only (FR-Spec,
+    `jspec.drafters.vocab_subset`): the LM head's rows for them, q zero elsewhere."""
+    ids = vocab_subset.check_ids(ids, self.vocab_size)
+    return dataclasses.replace(self, ids=ids,
+                               rows=vocab_subset.head_rows(self.embed, self.lm_head, ids))
+
+  def draft_scores(self, features: jax.Array) -> jax.Array:
+    """Logits the head drafts from: over all V (`logits`), or over `ids` [..., N]."""
+    if self.ids is None:
+      return self.logits(features)
+    return vocab_subset.scores(features, self.rows, self.final_logit_softcapping)
+
+  def _token(self, index):
+    return index if self.ids is None else vocab_subset.token_ids(self.ids, index)
 
   @property
   def vocab_size(self) -> int:
@@ -219,11 +237,12 @@ class Eagle:
     S = cache["k"].shape[3]
 
     def draw(f, i):  # f [B, D] -> d [B], q [B, V] or None
-      logits = self.logits(f[:, None])[:, 0]
+      scores = self.draft_scores(f[:, None])[:, 0]  # [B, V or N]
       if greedy:
-        return sampling.greedy_tokens(logits), None
-      q = sampling.probabilities(logits[:, None], params)[:, 0]
-      return sampling.sample(sampling.fold(keys, i), q), q
+        return self._token(sampling.greedy_tokens(scores)), None
+      q = sampling.probabilities(scores[:, None], params)[:, 0]
+      d = self._token(sampling.sample(sampling.fold(keys, i), q))
+      return d, (q if self.ids is None else vocab_subset.spread(self.ids, q, self.vocab_size))
 
     with jax.named_scope("eagle_propose"):
       f_last, cache = self._catch_up(cache, context)
@@ -264,8 +283,9 @@ class Eagle:
       raise ValueError("a draft tree needs at least one node besides the root")
     levels = list(tree.level_slices)
     R = int(ranks[1:].max()) + 1
-    if R > self.vocab_size:
-      raise ValueError(f"tree ranks go up to {R - 1}, beyond the vocabulary ({self.vocab_size})")
+    drafted = self.vocab_size if self.ids is None else int(self.ids.shape[0])
+    if R > drafted:
+      raise ValueError(f"tree ranks go up to {R - 1}, beyond the {drafted} ids this head drafts")
     S = cache["k"].shape[3]
     L = context.lengths.astype(jnp.int32)
     root = L - 1  # [B] slot of node 0
@@ -279,7 +299,7 @@ class Eagle:
 
       def top_tokens(nodes):
         f = jnp.stack([feats[i] for i in nodes], axis=1)  # [B, n, D]
-        idx = top_ranked(self.logits(f), R)  # ties: lowest id first, like argmax
+        idx = self._token(top_ranked(self.draft_scores(f), R))  # ties: lowest id first
         for col, i in enumerate(nodes):
           top[i] = idx[:, col].astype(jnp.int32)
 
