@@ -137,6 +137,9 @@ SLOW_TESTS = {  # every case
     "test_distribution.py::test_reduced_vocabulary_draft_keeps_the_distribution",
     "test_distribution.py::test_reduced_vocabulary_eagle_keeps_the_distribution",
     "test_reduced_vocab.py::test_eagle_with_a_reduced_vocabulary",
+    "test_reduced_vocab.py::test_greedy_equals_baseline_with_a_reduced_vocabulary",
+    "test_model.py::test_cache_layouts_decode_identically",  # fast: ..._hold_the_same_k_v
+    "test_dynamic.py::test_feature_drafters_greedy_equals_baseline",  # fast: the EAGLE cache
     "test_medusa.py::test_a_few_training_steps_lower_the_loss",
     "test_medusa.py::test_train_medusa_saves_reports_and_resumes",
     "test_sharding.py::test_two_processes_match_single_process",
@@ -191,8 +194,6 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_model.py::test_batch1_steps_equal_full_forward",
     "test_flax_integration.py::test_medusa_and_eagle_decode_custom_models",  # plain fast, Linen slow
     "test_generate.py::test_round_result_reports_what_the_round_did",
-    "test_model.py::test_cache_layouts_decode_identically",
-    "test_dynamic.py::test_feature_drafters_greedy_equals_baseline",
     "test_reduced_vocab.py::test_drafts_stay_in_the_set_and_q_is_zero_outside",
 }
 

@@ -155,6 +155,29 @@ def test_config_validation():
   assert cfg.num_key_value_heads == 2 and cfg.head_dim == 4
 
 
+def test_cache_layouts_hold_the_same_k_v():
+  """Both orders: the shapes and logical axes each names, and the same logits from a
+  cached prefill and step (the decoding check is the slow test below)."""
+  from jspec.core import nn as layers
+  base = tiny_config()
+  params = jspec.models.init(base, seed=3).params
+  logits = {}
+  for layout in (layers.CPU_KV, layers.SLOT_MAJOR_KV):
+    model = jspec.models.make_model(dataclasses.replace(base, kv_layout=layout), params)
+    cache = model.init_cache(2, 24)
+    want = layout.shape("k", 2, 2, 24, 8), layout.shape("v", 2, 2, 24, 8)
+    assert (cache["k"][0].shape, cache["v"][0].shape) == want
+    assert model.axes_fn(model.config)[1]["k"][0] == layout.axis_names("k")
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 64, size=(2, 6)), jnp.int32)
+    first, _, cache = jit_apply(model, tokens[:, :5], cache, jnp.zeros((2,), jnp.int32))
+    rest, _, _ = jit_apply(model, tokens[:, 5:], cache, jnp.full((2,), 5, jnp.int32))
+    logits[layout] = jnp.concatenate([first, rest], axis=1)
+  chex.assert_trees_all_close(logits[layers.CPU_KV], logits[layers.SLOT_MAJOR_KV],
+                              atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="b first"):
+    layers.KVLayout("hbsd", "bhsd")
+
+
 @pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
 def test_cache_layouts_decode_identically(kv_heads):
   """The CPU order (K [B, Hkv, Dh, S], V [B, Hkv, S, Dh]) and the slot-major order

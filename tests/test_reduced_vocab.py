@@ -65,13 +65,20 @@ def test_greedy_equals_baseline_with_a_reduced_vocabulary(target, close_draft):
   tree = jspec.speculative_generate(target, jspec.DraftModel.reduced(close_draft, IDS), prompts,
                                     tree=jspec.Tree.from_paths([(0, 0), (1,)]), **kw)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(tree.tokens))
-  # The set reaches the decoding program: drafting only an id the target never emits
-  # here, no draft is accepted, where the full draft has many accepted.
-  emitted = np.asarray(base.tokens)
+
+
+def test_the_set_reaches_the_decoding_program(target, close_draft):
+  """Drafting only an id the target never emits here, no draft is accepted, where the
+  full draft has many accepted (a decoding call that dropped the set would not see it)."""
+  prompts = ragged_prompts(2, target.vocab_size, seed=9)
+  kw = dict(max_new_tokens=12, eos_id=(), num_draft_tokens=3)
+  close_draft = jspec.models.make_model(close_draft.config, close_draft.params)  # with its head
+  full = jspec.speculative_generate(target, close_draft, prompts, **kw)
+  emitted = np.asarray(full.tokens)
   unused = int(np.setdiff1d(np.arange(64), emitted[emitted >= 0])[0])
   only = jspec.speculative_generate(target, jspec.DraftModel.reduced(close_draft, [unused]),
-                                    prompts, num_draft_tokens=3, **kw)
-  full = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3, **kw)
+                                    prompts, **kw)
+  np.testing.assert_array_equal(np.asarray(only.tokens), emitted)
   assert int(np.sum(only.stats.accepted)) == 0 < int(np.sum(full.stats.accepted))
 
 
