@@ -81,8 +81,11 @@ class DraftModel:
     from the gathered rows (then the model's own V-wide logits go unused)."""
     if self.ids is None:
       return logits
-    rows = self.rows if self.rows is not None else self.prepared().rows
-    return vocab_subset.scores(hidden, rows, self.model.head().final_logit_softcapping)
+    head = self.model.head()
+    rows = self.rows  # gathered by `prepared`; a caller that skipped it gathers here
+    if rows is None:  # (without `prepared`'s copy of every weight into decoding form)
+      rows = vocab_subset.head_rows(head.embed, head.lm_head, self.ids)
+    return vocab_subset.scores(hidden, rows, head.final_logit_softcapping)
 
   def _token(self, index):
     """Token ids of score indices (the identity over the whole vocabulary)."""
