@@ -18,6 +18,7 @@ The names below are what most users need; everything else lives in those package
 
 from jspec.core.api import generate, speculative_generate
 from jspec.core.drafter import Drafter
+from jspec.core.logprobs import Logprobs
 from jspec.core.model import Model, OutputHead
 from jspec.core.sampling import SamplingParams
 from jspec.core.schedule import AutoK
@@ -43,6 +44,7 @@ __all__ = [
     "Drafter",
     "Eagle",
     "EagleConfig",
+    "Logprobs",
     "Medusa",
     "Model",
     "NGram",

@@ -51,6 +51,21 @@ def perturbed(model, noise, seed):
                      apply_fn=model.apply_fn, init_cache_fn=model.init_cache_fn)
 
 
+def load_example(name):
+  """Import examples/<name>.py as a module (examples/ is not a package)."""
+  import importlib.util
+  import pathlib
+  import sys
+  if name in sys.modules:
+    return sys.modules[name]
+  path = pathlib.Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # dataclasses resolve their module while the file runs
+  spec.loader.exec_module(module)
+  return module
+
+
 def ragged_prompts(batch, vocab_size, seed, min_len=1, max_len=13):
   rng = np.random.default_rng(seed)
   lengths = rng.integers(min_len, max_len + 1, size=batch)
@@ -182,6 +197,7 @@ SLOW_TESTS = {  # every case
 }
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",
+    "test_logprobs.py::test_logprobs_equal_a_full_forward",
     "test_generate.py::test_stream_sends_every_committed_token_in_order",
     "test_generate.py::test_static_greedy_equals_zero_temperature_params",
     "test_checkpoint.py::test_round_trip_identical_params_and_logits",

@@ -24,6 +24,8 @@ MODULES = (
     "jspec.tools.costs",
     "jspec.drafters.datastore",
     "jspec.core.decode",
+    "jspec.core.inputs",
+    "jspec.core.logprobs",
     "jspec.drafters.draft_model",
     "jspec.core.dynamic",
     "jspec.tools.bench",

@@ -6,9 +6,6 @@ the custom architectures must decode exactly (greedy output equal to their own
 plain argmax loop over full forwards without a cache).
 """
 
-import importlib.util
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,20 +16,10 @@ from flax import nnx
 import jspec
 import jspec.io.linen
 import jspec.io.nnx
-from conftest import assert_greedy_match, jit_apply
-
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+from conftest import assert_greedy_match, jit_apply, load_example
 
 
-def _example(name):
-  """Import examples/<name>.py as a module (examples/ is not a package)."""
-  if name in sys.modules:
-    return sys.modules[name]
-  spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module  # dataclasses resolve their module while the file runs
-  spec.loader.exec_module(module)
-  return module
+
 
 
 # ----------------------------------------------------------------------------- training loop
@@ -40,7 +27,7 @@ def _example(name):
 
 @pytest.fixture(scope="module")
 def distill_run():
-  example = _example("distill_while_measuring")
+  example = load_example("distill_while_measuring")
   traces = []
   settings = example.Settings(steps=60, eval_every=20, target_steps=60, seed=0)
   history = example.run(settings, log=None, on_trace=lambda: traces.append(1))
@@ -72,7 +59,7 @@ def test_model_from_state_needs_to_model():
 
 
 def test_model_from_state_matches_to_model():
-  example = _example("distill_while_measuring")
+  example = load_example("distill_while_measuring")
   module = jspec.models.Transformer(example.draft_config(example.Settings()), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(module)
   model = jspec.io.nnx.model_from_state(graphdef, state)
@@ -87,7 +74,7 @@ def test_model_from_state_matches_to_model():
 
 @pytest.fixture(scope="module")
 def custom():
-  return _example("custom_model")
+  return load_example("custom_model")
 
 
 @pytest.fixture(scope="module")

@@ -69,3 +69,20 @@ def test_measure_rejects_bad_settings(target):
     measure.measure(target, target, [[1, 2]], ks=(0,))
   with pytest.raises(ValueError, match="empty"):
     measure.measure(target, target, [], ks=(1,))
+
+
+def test_per_prompt_metrics_add_up(target, close_draft):
+  prompts = ragged_prompts(3, target.vocab_size, seed=4, min_len=2, max_len=9)
+  report = measure.measure(target, close_draft, prompts, ks=(2,), batch_size=2,
+                           max_new_tokens=10, repeats=1)
+  row = report["rows"][0]
+  per = row["per_prompt"]
+  assert len(per) == 3  # two batches, in prompt order
+  np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0),
+                                row["accept_hist"])
+  for p in per:
+    # Fixed K: every round judges position 1, and position i when i-1 were accepted.
+    np.testing.assert_allclose(p["position_acceptance"],
+                               measure.position_acceptance(p["accept_hist"]))
+    assert p["tau"] >= 1.0
+  assert "per prompt" in measure.format_table(report)

@@ -14,23 +14,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import decode, dynamic, schedule, sharding, streaming
+from jspec.core import decode, dynamic, logprobs, schedule, sharding, streaming
+from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
+                               prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.drafter import Drafter, TreeDrafter
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
 from jspec.core.tree import Tree
-
-PROMPT_BUCKET_MIN = 16
-CACHE_BUCKET = 128
-EOS_BUCKET = 4
-
 
 @dataclasses.dataclass(frozen=True)
 class GenerateOutput:
@@ -41,11 +37,16 @@ class GenerateOutput:
   stats: decode.DecodeStats
   # num_draft_tokens="auto": rounds run at each K, {K: rounds}; None for a fixed K.
   rounds_by_k: dict | None = None
+  # return_logprobs (`jspec.core.logprobs`): log p of each new token, 0 after a row's end,
+  # so a row's sum is the log-probability of its sequence. None when not asked for.
+  logprobs: jax.Array | None = None  # [B, max_new_tokens] f32
+  top_ids: jax.Array | None = None  # [B, max_new_tokens, n] int32 (Logprobs(top=n)); -1 after the end
+  top_logprobs: jax.Array | None = None  # [B, max_new_tokens, n] f32
 
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
              eos_id=None, seed=0, prompt_lengths=None, cache_length=None, mesh=None,
-             rules=None, stream=None) -> GenerateOutput:
+             rules=None, stream=None, return_logprobs=False) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -66,15 +67,23 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
     stream: optional callable; after every round it gets, on the host, a list with
       each row's newly committed token ids (`jspec.core.streaming`). The output is the
       same with or without it.
+    return_logprobs: True (or a `jspec.Logprobs`) fills `out.logprobs` with the
+      log-probability of each new token under the distribution it was drawn from
+      (after temperature, top-k and top-p: 0 for greedy rows); `Logprobs(raw=True)`
+      reads the unprocessed log_softmax instead, `Logprobs(top=n)` adds the n most
+      likely ids per position (`jspec.core.logprobs`). Speculative decoding records
+      the same numbers as plain decoding for the same tokens.
   """
   return _run(model, None, prompts, 0, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-              prompt_lengths, cache_length, mesh, rules, stream=stream)
+              prompt_lengths, cache_length, mesh, rules, stream=stream,
+              logprob_spec=logprobs.as_spec(return_logprobs))
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
-                         rules=None, tree: Tree | None = None, stream=None) -> GenerateOutput:
+                         rules=None, tree: Tree | None = None, stream=None,
+                         return_logprobs=False) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
@@ -131,39 +140,42 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
       raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                        "the slot axis of its K/V buffers")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
-              seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream)
+              seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream,
+              logprob_spec=logprobs.as_spec(return_logprobs))
 
 
 # ----------------------------------------------------------------------------- host side
 
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-         prompt_lengths, cache_length, mesh, rules, tree=None, stream=None) -> GenerateOutput:
+         prompt_lengths, cache_length, mesh, rules, tree=None, stream=None,
+         logprob_spec=None) -> GenerateOutput:
   if stream is not None and stream is not True:
     if not callable(stream):
       raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
     with streaming.listening(stream):
       return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
-                  eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True)
+                  eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True,
+                  logprob_spec=logprob_spec)
   auto = K if isinstance(K, schedule.AutoK) else None
   if auto is not None:
     K = auto.max_k
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
   layout = sharding.as_layout(mesh, rules)
-  tokens, lengths = _prompts_to_array(prompts, prompt_lengths, target.vocab_size)
+  tokens, lengths = prompts_to_array(prompts, prompt_lengths, target.vocab_size)
   B = tokens.shape[0]
-  max_new = _per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
+  max_new = per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
   # Host-side NumPy until placement: checked here, moved to the device once below.
-  temps = _per_row_float(temperature, B, "temperature")
-  top_ks = _per_row_int(top_k, B, "top_k", minimum=0)
-  top_ps = _per_row_float(top_p, B, "top_p")
+  temps = per_row_float(temperature, B, "temperature")
+  top_ks = per_row_int(top_k, B, "top_k", minimum=0)
+  top_ps = per_row_float(top_p, B, "top_p")
   if np.any(temps < 0):
     raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
   if np.any(~((top_ps > 0) & (top_ps <= 1))):
     raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
-  eos = _eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
-  seeds = _seeds(seed, B)
+  eos = eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
+  seeds = row_seeds(seed, B)
 
   block = K + 1 if tree is None else tree.num_nodes  # slots one verify block needs
   needed = int(lengths.max()) + int(max_new.max()) + block
@@ -210,31 +222,36 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
       auto = dataclasses.replace(auto, choices=choices, costs=None)  # costs go in traced
       K = max(choices)
   config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout, tree=tree,
-                               stream=stream is True)
+                               stream=stream is True, logprobs=logprob_spec)
   tokens_, lengths_, max_new_, seeds_ = rows[:4]
   params = None
   if not greedy:
     temp_, top_k_, top_p_ = rows[4:]
     params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
   if auto is None:
-    out, new_lengths, stats = _program(target, drafter, tokens_, lengths_, max_new_, params,
-                                       eos_ids, seeds_, config)
+    out, new_lengths, stats, records = _program(target, drafter, tokens_, lengths_, max_new_,
+                                                params, eos_ids, seeds_, config)
     rounds = None
   else:
-    out, new_lengths, stats, rounds = _auto_program(
+    out, new_lengths, stats, records, rounds = _auto_program(
         target, drafter, tokens_, lengths_, max_new_, params, eos_ids, seeds_,
         jnp.asarray(costs, jnp.float32), config, auto)
   width = int(max_new.max())
   if layout is not None and not out.is_fully_addressable:  # multi-host: every process gets all
-    out, new_lengths, stats, rounds = jax.tree_util.tree_map(
-        lambda x: jnp.asarray(sharding.fetch(x)), (out, new_lengths, stats, rounds))
+    out, new_lengths, stats, records, rounds = jax.tree_util.tree_map(
+        lambda x: jnp.asarray(sharding.fetch(x)), (out, new_lengths, stats, records, rounds))
   rounds_by_k = None
   if rounds is not None:
     rounds_by_k = {k: int(r) for k, r in zip(auto.choices, np.asarray(rounds))}
   elif costs is not None:  # "auto" chose plain decoding for the whole call
     rounds_by_k = {0: int(np.max(np.asarray(stats.target_calls)))}
+  extra = {}
+  if records is not None:
+    extra = dict(logprobs=records.chosen[:, :width],
+                 top_ids=None if records.top_ids is None else records.top_ids[:, :width],
+                 top_logprobs=None if records.top_values is None else records.top_values[:, :width])
   return GenerateOutput(tokens=out[:, :width], lengths=new_lengths, stats=stats,
-                        rounds_by_k=rounds_by_k)
+                        rounds_by_k=rounds_by_k, **extra)
 
 
 def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: bool):
@@ -265,7 +282,13 @@ def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, 
                             seeds, config)
   state = decode.decode_loop(target, drafter, state, config)
   out, new_lengths = decode.output_tokens(state)
-  return out, new_lengths, state.stats
+  return out, new_lengths, state.stats, _records(state)
+
+
+def _records(state: decode.DecodeState):
+  if state.logprobs is None:
+    return None
+  return logprobs.output(state.logprobs, state.prompt_lengths, state.lengths)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "auto"))
@@ -275,121 +298,4 @@ def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_
                              seeds, costs, config, auto)
   state = dynamic.decode_loop(target, drafter, state, config, auto)
   out, new_lengths = decode.output_tokens(state.decode)
-  return out, new_lengths, state.decode.stats, state.schedule.rounds
-
-
-def _prompts_to_array(prompts, prompt_lengths, vocab_size):
-  if prompt_lengths is None:
-    if isinstance(prompts, (np.ndarray, jax.Array)):
-      arr = np.asarray(prompts)
-      if arr.ndim != 2:
-        raise ValueError(f"a prompt array must be [B, P], got shape {arr.shape}")
-      rows = [list(r) for r in arr]
-    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
-      rows = [list(np.asarray(r).reshape(-1)) if not isinstance(r, (str, bytes)) else None
-              for r in prompts]
-      if any(r is None for r in rows):
-        raise TypeError("prompts must hold token ids, not strings")
-    else:
-      raise TypeError(f"prompts must be a list of token-id lists or an int array, "
-                      f"got {type(prompts).__name__}")
-    if not rows:
-      raise ValueError("prompts is empty: give at least one prompt")
-    lengths = np.array([len(r) for r in rows], np.int32)
-    if np.any(lengths == 0):
-      raise ValueError(f"empty prompt in row(s) {np.flatnonzero(lengths == 0).tolist()}: every "
-                       f"prompt needs at least one token (e.g. a BOS id)")
-    P = _prompt_bucket(int(lengths.max()))
-    tokens = np.zeros((len(rows), P), np.int64)
-    for b, r in enumerate(rows):
-      tokens[b, :len(r)] = r
-  else:
-    tokens = np.asarray(prompts)
-    lengths = np.asarray(prompt_lengths).astype(np.int64).reshape(-1)
-    if tokens.ndim != 2 or lengths.shape[0] != tokens.shape[0]:
-      raise ValueError(f"prompts must be [B, P] with prompt_lengths [B]; got {tokens.shape} "
-                       f"and {lengths.shape}")
-    if np.any(lengths < 1) or np.any(lengths > tokens.shape[1]):
-      raise ValueError(f"prompt_lengths must lie in [1, {tokens.shape[1]}] (empty prompts are "
-                       f"not allowed), got {lengths.tolist()}")
-    P = _prompt_bucket(tokens.shape[1])
-    tokens = np.pad(tokens, ((0, 0), (0, P - tokens.shape[1])))
-    # Padding beyond each row's length is never attended to; zero it so ids check cleanly.
-    tokens = np.where(np.arange(P)[None, :] < lengths[:, None], tokens, 0)
-  if not np.issubdtype(tokens.dtype, np.integer):
-    raise TypeError(f"token ids must be integers, got dtype {tokens.dtype}")
-  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-    raise ValueError(f"token ids must lie in [0, {vocab_size}); got min {tokens.min()}, "
-                     f"max {tokens.max()}")
-  return tokens.astype(np.int32), lengths.astype(np.int32)
-
-
-def _per_row(value, B, name, dtype):
-  arr = np.asarray(value)
-  if arr.ndim == 0:
-    arr = np.full((B,), arr)
-  if arr.shape != (B,):
-    raise ValueError(f"{name} must be a scalar or one value per row ({B}), got shape {arr.shape}")
-  return arr
-
-
-def _per_row_float(value, B, name):
-  arr = _per_row(value, B, name, np.float32)
-  if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-    raise TypeError(f"{name} must be numeric, got {value!r}")
-  arr = arr.astype(np.float32)
-  if not np.all(np.isfinite(arr)):
-    raise ValueError(f"{name} must be finite, got {value!r}")
-  return arr
-
-
-def _per_row_int(value, B, name, minimum):
-  arr = _per_row(value, B, name, np.int32)
-  if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
-    raise TypeError(f"{name} must be an integer (or one per row), got {value!r}")
-  if np.any(arr < minimum):
-    raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-  return arr.astype(np.int32)
-
-
-def _eos_array(eos_id, vocab_size):
-  ids = [] if eos_id is None else np.asarray(eos_id).reshape(-1).tolist()
-  for i in ids:
-    if not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size:
-      raise ValueError(f"eos_id must be ids in [0, {vocab_size}), got {eos_id!r}")
-  width = _round_up(max(len(ids), 1), EOS_BUCKET)
-  return np.array(ids + [-1] * (width - len(ids)), np.int32)
-
-
-def _seeds(seed, B):
-  arr = np.asarray(seed)
-  if not np.issubdtype(arr.dtype, np.integer):
-    raise TypeError(f"seed must be an int or one int per row, got {seed!r}")
-  if arr.ndim == 0:
-    # One stream per row index: (seed, b) hashed into a 31-bit seed.
-    return np.array([_mix(int(arr), b) for b in range(B)], np.int32)
-  if arr.shape != (B,):
-    raise ValueError(f"seed must be an int or one per row ({B}), got shape {arr.shape}")
-  return (arr.astype(np.int64) & 0x7FFFFFFF).astype(np.int32)
-
-
-def _mix(seed: int, row: int) -> int:
-  x = (seed * 0x9E3779B1 + row * 0x85EBCA77 + 0x632BE5AB) & 0xFFFFFFFF
-  x ^= x >> 15
-  x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
-  x ^= x >> 12
-  return x & 0x7FFFFFFF
-
-
-def _prompt_bucket(P: int) -> int:
-  return max(PROMPT_BUCKET_MIN, 1 << (P - 1).bit_length())
-
-
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
-def cache_bucket(slots: int) -> int:
-  """The cache length `generate` picks when `slots` are needed (a multiple of
-  CACHE_BUCKET): calls in the same bucket share a compiled program."""
-  return _round_up(slots, CACHE_BUCKET)
+  return out, new_lengths, state.decode.stats, _records(state.decode), state.schedule.rounds

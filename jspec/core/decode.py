@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.core import acceptance, prefill, sampling, sharding, streaming
+from jspec.core import logprobs as logprobs_lib
 from jspec.core import tree as tree_lib
 from jspec.core.drafter import DraftContext, uses_features
 from jspec.core.model import Model
@@ -60,6 +61,7 @@ class DecodeConfig:
   layout: sharding.Layout | None = None  # mesh + rules for the target cache; None: one device
   tree: Tree | None = None  # verify a static draft tree of N nodes instead of a chain
   stream: bool = False  # send committed tokens to the host after every round (streaming.py)
+  logprobs: logprobs_lib.Logprobs | None = None  # record emitted tokens' log-probabilities
 
   def __post_init__(self):
     if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
@@ -75,11 +77,35 @@ class DecodeConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeStats:
-  """Per-row and per-batch counters a run accumulates (tau, acceptance: `jspec.tools.costs`)."""
+  """Per-row counters a run accumulates (tau, acceptance: `jspec.tools.costs`).
+
+  K is the program's largest draft length (a tree's depth). Draft position i
+  (0-based) is judged in a round that drafted at least i + 1 tokens along its chain
+  (or its tree's depth) and accepted the i drafts before it; it is accepted when
+  the round accepted more than i.
+  """
 
   target_calls: jax.Array  # [B] int32 rounds in which the row was active
   accepted: jax.Array  # [B] int32 draft tokens accepted and committed
-  accept_hist: jax.Array  # [K+1] int32 active rounds by accepted count n
+  row_hist: jax.Array  # [B, K+1] int32 active rounds by accepted count n, per row
+  position_judged: jax.Array  # [B, K] int32 active rounds that judged draft position i
+
+  @property
+  def accept_hist(self) -> jax.Array:
+    """[K+1] int32 active rounds by accepted count n, over the batch."""
+    return jnp.sum(self.row_hist, axis=0)
+
+  @property
+  def position_accepted(self) -> jax.Array:
+    """[B, K] int32 rounds whose draft at position i was accepted (n > i)."""
+    return jnp.flip(jnp.cumsum(jnp.flip(self.row_hist[:, 1:], axis=1), axis=1), axis=1)
+
+  def position_acceptance(self) -> jax.Array:
+    """[B, K] f32 per row: of the rounds that judged draft position i, the fraction
+    that accepted it (NaN where it was never judged)."""
+    judged = self.position_judged.astype(jnp.float32)
+    accepted = self.position_accepted.astype(jnp.float32)
+    return jnp.where(judged > 0, accepted / jnp.maximum(judged, 1.0), jnp.nan)
 
 
 @jax.tree_util.register_dataclass
@@ -108,6 +134,8 @@ class DecodeState:
   # feature_start = L0 - 1 and entries 0..n are valid (the accepted path's states).
   features: jax.Array | None = None  # [B, F, D], F = K + 1 (chain) or depth + 1 (tree)
   feature_start: jax.Array | None = None  # [B] int32
+  # Log-probabilities of the tokens at each slot (`DecodeConfig.logprobs`); None when off.
+  logprobs: logprobs_lib.LogprobBuffers | None = None
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
@@ -161,9 +189,12 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
       params=params,
       eos_ids=eos_ids.astype(jnp.int32),
       stats=DecodeStats(target_calls=zeros, accepted=zeros,
-                        accept_hist=jnp.zeros((K + 1,), jnp.int32)),
+                        row_hist=jnp.zeros((B, K + 1), jnp.int32),
+                        position_judged=jnp.zeros((B, K), jnp.int32)),
       features=features,
       feature_start=feature_start,
+      logprobs=(None if config.logprobs is None
+                else logprobs_lib.init_buffers(config.logprobs, B, S)),
   )
 
 
@@ -201,11 +232,15 @@ def decode_round(target: Model, drafter, state: DecodeState,
   start = jnp.minimum(L - 1, S - W)
   last = jnp.take_along_axis(state.tokens, start[:, None], axis=1)  # [B, 1]
   if config.tree is None:
-    n, emitted, cache, drafter_state, hidden = _chain(
+    n, emitted, cache, drafter_state, hidden, scores = _chain(
         target, drafter, state, context, start, last, K, draft_keys, accept_keys)
   else:
-    n, emitted, cache, drafter_state, hidden = _tree(
+    n, emitted, cache, drafter_state, hidden, scores = _tree(
         target, drafter, state, context, start, last, config.tree, draft_keys, accept_keys)
+  records = None
+  if config.logprobs is not None:
+    with jax.named_scope("logprobs"):
+      records = logprobs_lib.of_round(config.logprobs, *scores, emitted)
   state = dataclasses.replace(state, target_cache=cache, drafter_state=drafter_state)
   if state.features is not None:
     # A round narrower than the state's F (K = 0 in an "auto" loop) leaves the entries
@@ -216,7 +251,7 @@ def decode_round(target: Model, drafter, state: DecodeState,
                                 feature_start=start)
   active = ~state.done
   drafts = K if config.tree is None else config.tree.num_nodes - 1
-  state, count = _commit(state, n, emitted, K)
+  state, count = _commit(state, n, emitted, K, records)
   token = jnp.take_along_axis(emitted, n[:, None], axis=1)[:, 0]
   return state, RoundResult(proposed=jnp.where(active, drafts, 0).astype(jnp.int32),
                             accepted=jnp.minimum(n, count), committed=count,
@@ -225,7 +260,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
 
 def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_keys):
   """Draft K, verify [t(L-1) d1 .. dK]: n [B], emitted [B, K+1] (d1..dn, next, ...),
-  cache, drafter state, hidden [B, K+1, D]."""
+  cache, drafter state, hidden [B, K+1, D], and (logits, p) [B, K+1, V] that predict
+  `emitted` (p None when all rows are greedy)."""
   B = start.shape[0]
   drafter_state = state.drafter_state
   if K > 0:
@@ -240,13 +276,14 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
     if state.params is None:  # static: all rows greedy
       # One-hot p accepts exactly while d_i is the argmax, whatever q is: q is unused.
       n, next_token = acceptance.accept_greedy(logits, drafts)
+      p = None
     else:
       p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
       n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
   drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
   emitted = jnp.where(j == n[:, None], next_token[:, None], drafts_padded)  # [B, K+1]
-  return n, emitted, cache, drafter_state, hidden
+  return n, emitted, cache, drafter_state, hidden, (logits, p)
 
 
 def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys):
@@ -263,6 +300,7 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
   with jax.named_scope("acceptance"):
     if state.params is None:
       node, next_token = tree_lib.accept_greedy(logits, candidates, topology)
+      p = None
     else:
       p = sampling.probabilities(logits, state.params)  # [B, N, V]
       node, next_token = tree_lib.accept_sampled(p, candidates, topology, accept_keys)
@@ -277,7 +315,10 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
   following = jnp.concatenate([path_tokens[:, 1:], jnp.zeros_like(path_tokens[:, :1])], axis=1)
   emitted = jnp.where(j == n[:, None], next_token[:, None], following)
   path_hidden = jnp.take_along_axis(hidden, path[:, :, None], axis=1)  # [B, D+1, D]
-  return n, emitted, cache, drafter_state, path_hidden
+  # Node path[j] predicts emitted[j]: its logits and p are the ones to read.
+  path_logits = jnp.take_along_axis(logits, path[:, :, None], axis=1)  # [B, D+1, V]
+  path_p = None if p is None else jnp.take_along_axis(p, path[:, :, None], axis=1)
+  return n, emitted, cache, drafter_state, path_hidden, (path_logits, path_p)
 
 
 def _cache_axes(target: Model):
@@ -289,11 +330,12 @@ def _cache_axes(target: Model):
   return axes[1]
 
 
-def _commit(state: DecodeState, n, emitted, K: int):
+def _commit(state: DecodeState, n, emitted, K: int, records=None):
   """Write d1..dn and the next token, cut at EOS and max length; freeze done rows.
 
-  n [B] accepted drafts; emitted [B, K+1] with the tokens to commit first. Returns the
-  state and count [B], the tokens committed per row."""
+  n [B] accepted drafts; emitted [B, K+1] with the tokens to commit first; records:
+  their log-probabilities (`logprobs.of_round`) or None. Returns the state and count
+  [B], the tokens committed per row."""
   S = state.tokens.shape[1]
   L = state.lengths
   active = ~state.done
@@ -310,17 +352,26 @@ def _commit(state: DecodeState, n, emitted, K: int):
     positions = jnp.where(j < count[:, None], L[:, None] + j, S)
     tokens = jax.vmap(lambda row, pos, val: row.at[pos].set(val, mode="drop"))(
         state.tokens, positions, emitted)
+    logprob_buffers = state.logprobs
+    if records is not None:
+      logprob_buffers = logprobs_lib.write(state.logprobs, positions, records)
     new_L = L + count
     hit_eos = jnp.any(is_eos & (j < count[:, None]), axis=1)
     done = state.done | hit_eos | (new_L >= state.max_lengths)
 
   act = active.astype(jnp.int32)
+  stats = state.stats
+  width = stats.position_judged.shape[1]  # the program's largest K
+  i = jnp.arange(width)[None, :]
+  judged = active[:, None] & (i < K) & (i <= n[:, None])  # drafts 1..i accepted, i+1 drafted
   stats = DecodeStats(
-      target_calls=state.stats.target_calls + act,
-      accepted=state.stats.accepted + jnp.minimum(n, count),
-      accept_hist=state.stats.accept_hist.at[n].add(act),
+      target_calls=stats.target_calls + act,
+      accepted=stats.accepted + jnp.minimum(n, count),
+      row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(n, width + 1, dtype=jnp.int32),
+      position_judged=stats.position_judged + judged.astype(jnp.int32),
   )
-  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats), count
+  return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats,
+                             logprobs=logprob_buffers), count
 
 
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:

@@ -1,6 +1,6 @@
 """Prefill: write a batch of right-padded prompts into a model's cache, in chunks.
 
-Prompts are padded to a bucket (`api._prompt_bucket`, powers of two) so that calls of
+Prompts are padded to a bucket (`inputs.prompt_bucket`, powers of two) so that calls of
 similar length share one compiled program. Fed in one call, the padding costs as much
 as the prompt: a 40-token question in a 256 bucket pays for 255 tokens. `prefill`
 feeds the prompt in chunks of `CHUNK` tokens inside a `lax.while_loop` that stops after

@@ -95,7 +95,7 @@ def real_demo(args, path: str) -> int:
 
   import jspec
   from jspec.tools import costs, real_sections
-  from jspec.core.api import cache_bucket, _prompt_bucket
+  from jspec.core.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 
   t_start = time.perf_counter()
   progress = Progress()

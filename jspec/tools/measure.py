@@ -47,6 +47,22 @@ def position_acceptance(accept_hist) -> list[float]:
           for i in range(1, K + 1)]
 
 
+def per_prompt(outs) -> list[dict]:
+  """Per prompt, in prompt order, from one K's outputs (one per batch): tau, the
+  accepted-length histogram and the acceptance of each draft position given the ones
+  before it were accepted (`DecodeStats.position_acceptance`; NaN: never judged)."""
+  rows = []
+  for o in outs:
+    hist = np.asarray(o.stats.row_hist, np.int64)
+    accept = np.asarray(o.stats.position_acceptance(), np.float64)
+    calls = np.asarray(o.stats.target_calls, np.int64)
+    lengths = np.asarray(o.lengths, np.int64)
+    for b in range(hist.shape[0]):
+      rows.append({"tau": float(lengths[b] / max(calls[b], 1)), "accept_hist": hist[b].tolist(),
+                   "position_acceptance": [float(a) for a in accept[b]]})
+  return rows
+
+
 def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
                repeats: int = 20) -> float:
   """Median wall time of one `drafter.propose` of k drafts, jitted alone (greedy)."""
@@ -140,6 +156,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
         "predicted_speedup": costs.ideal_speedup(rates["tau"], 1, t_step, t_verify, t_round),
         "measured_speedup": base_time / spec_time, "tokens_per_s": emitted / spec_time,
         "equal_to_baseline": same if temperature == 0 else None,
+        "per_prompt": per_prompt(outs[k]),
     })
   return {
       "prompts": len(prompts), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
@@ -162,6 +179,14 @@ def format_table(report: dict) -> str:
     lines.append(f"{r['k']:>3} {r['tau']:5.2f} {r['alpha']:6.2f} {r['t_verify_ms']:9.2f} "
                  f"{r['t_draft_round_ms']:8.2f} {r['predicted_speedup']:8.2f}x "
                  f"{r['measured_speedup']:7.2f}x  {pos}")
+  lines.append("per prompt: tau, then acceptance by position (- never judged)")
+  for i in range(report["prompts"]):
+    cells = []
+    for r in report["rows"]:
+      one = r["per_prompt"][i]
+      pos = " ".join("-" if a != a else f"{a:.2f}" for a in one["position_acceptance"])
+      cells.append(f"K={r['k']}: {one['tau']:.2f} [{pos}]")
+    lines.append(f"{i:>4}  " + "  ".join(cells))
   return "\n".join(lines)
 
 

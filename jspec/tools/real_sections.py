@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jspec.tools import bench_timing
-from jspec.core.api import _prompt_bucket, cache_bucket, generate, speculative_generate
+from jspec.core.api import generate, speculative_generate
+from jspec.core.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 from jspec.core.model import Model
 from jspec.drafters.ngram import NGram
 

@@ -1,0 +1,142 @@
+"""Host-side checks and shapes of `generate`'s inputs: prompts to a padded array,
+per-row settings, EOS ids, seeds, and the buckets that keep compiled programs stable.
+Everything here runs on NumPy before any tracing and raises clear errors."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import jax
+import numpy as np
+
+PROMPT_BUCKET_MIN = 16
+CACHE_BUCKET = 128
+EOS_BUCKET = 4
+
+
+def prompts_to_array(prompts, prompt_lengths, vocab_size):
+  """Ragged id lists, or [B, P] with prompt_lengths, to int32 [B, bucket] right-padded
+  with zeros and int32 [B] lengths; every id checked against the vocabulary."""
+  if prompt_lengths is None:
+    if isinstance(prompts, (np.ndarray, jax.Array)):
+      arr = np.asarray(prompts)
+      if arr.ndim != 2:
+        raise ValueError(f"a prompt array must be [B, P], got shape {arr.shape}")
+      rows = [list(r) for r in arr]
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+      rows = [list(np.asarray(r).reshape(-1)) if not isinstance(r, (str, bytes)) else None
+              for r in prompts]
+      if any(r is None for r in rows):
+        raise TypeError("prompts must hold token ids, not strings")
+    else:
+      raise TypeError(f"prompts must be a list of token-id lists or an int array, "
+                      f"got {type(prompts).__name__}")
+    if not rows:
+      raise ValueError("prompts is empty: give at least one prompt")
+    lengths = np.array([len(r) for r in rows], np.int32)
+    if np.any(lengths == 0):
+      raise ValueError(f"empty prompt in row(s) {np.flatnonzero(lengths == 0).tolist()}: every "
+                       f"prompt needs at least one token (e.g. a BOS id)")
+    P = prompt_bucket(int(lengths.max()))
+    tokens = np.zeros((len(rows), P), np.int64)
+    for b, r in enumerate(rows):
+      tokens[b, :len(r)] = r
+  else:
+    tokens = np.asarray(prompts)
+    lengths = np.asarray(prompt_lengths).astype(np.int64).reshape(-1)
+    if tokens.ndim != 2 or lengths.shape[0] != tokens.shape[0]:
+      raise ValueError(f"prompts must be [B, P] with prompt_lengths [B]; got {tokens.shape} "
+                       f"and {lengths.shape}")
+    if np.any(lengths < 1) or np.any(lengths > tokens.shape[1]):
+      raise ValueError(f"prompt_lengths must lie in [1, {tokens.shape[1]}] (empty prompts are "
+                       f"not allowed), got {lengths.tolist()}")
+    P = prompt_bucket(tokens.shape[1])
+    tokens = np.pad(tokens, ((0, 0), (0, P - tokens.shape[1])))
+    # Padding beyond each row's length is never attended to; zero it so ids check cleanly.
+    tokens = np.where(np.arange(P)[None, :] < lengths[:, None], tokens, 0)
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise TypeError(f"token ids must be integers, got dtype {tokens.dtype}")
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    raise ValueError(f"token ids must lie in [0, {vocab_size}); got min {tokens.min()}, "
+                     f"max {tokens.max()}")
+  return tokens.astype(np.int32), lengths.astype(np.int32)
+
+
+def per_row(value, B, name, dtype):
+  """A scalar broadcast to [B], or a per-row array checked to be [B]."""
+  arr = np.asarray(value)
+  if arr.ndim == 0:
+    arr = np.full((B,), arr)
+  if arr.shape != (B,):
+    raise ValueError(f"{name} must be a scalar or one value per row ({B}), got shape {arr.shape}")
+  return arr
+
+
+def per_row_float(value, B, name):
+  """Finite f32 [B] from a scalar or one number per row."""
+  arr = per_row(value, B, name, np.float32)
+  if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+    raise TypeError(f"{name} must be numeric, got {value!r}")
+  arr = arr.astype(np.float32)
+  if not np.all(np.isfinite(arr)):
+    raise ValueError(f"{name} must be finite, got {value!r}")
+  return arr
+
+
+def per_row_int(value, B, name, minimum):
+  """int32 [B] >= minimum from an int or one int per row (bools refused)."""
+  arr = per_row(value, B, name, np.int32)
+  if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+    raise TypeError(f"{name} must be an integer (or one per row), got {value!r}")
+  if np.any(arr < minimum):
+    raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+  return arr.astype(np.int32)
+
+
+def eos_array(eos_id, vocab_size):
+  """EOS ids as int32 [E], E a multiple of EOS_BUCKET, padded with -1 (matches no id)."""
+  ids = [] if eos_id is None else np.asarray(eos_id).reshape(-1).tolist()
+  for i in ids:
+    if not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size:
+      raise ValueError(f"eos_id must be ids in [0, {vocab_size}), got {eos_id!r}")
+  width = round_up(max(len(ids), 1), EOS_BUCKET)
+  return np.array(ids + [-1] * (width - len(ids)), np.int32)
+
+
+def row_seeds(seed, B):
+  """int32 [B] seeds: one int gives row b the stream (seed, b); per-row ints are kept."""
+  arr = np.asarray(seed)
+  if not np.issubdtype(arr.dtype, np.integer):
+    raise TypeError(f"seed must be an int or one int per row, got {seed!r}")
+  if arr.ndim == 0:
+    # One stream per row index: (seed, b) hashed into a 31-bit seed.
+    return np.array([mix(int(arr), b) for b in range(B)], np.int32)
+  if arr.shape != (B,):
+    raise ValueError(f"seed must be an int or one per row ({B}), got shape {arr.shape}")
+  return (arr.astype(np.int64) & 0x7FFFFFFF).astype(np.int32)
+
+
+def mix(seed: int, row: int) -> int:
+  """A 31-bit hash of (seed, row)."""
+  x = (seed * 0x9E3779B1 + row * 0x85EBCA77 + 0x632BE5AB) & 0xFFFFFFFF
+  x ^= x >> 15
+  x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+  x ^= x >> 12
+  return x & 0x7FFFFFFF
+
+
+def prompt_bucket(P: int) -> int:
+  """The padded prompt width: a power of two, at least PROMPT_BUCKET_MIN."""
+  return max(PROMPT_BUCKET_MIN, 1 << (P - 1).bit_length())
+
+
+def round_up(x: int, m: int) -> int:
+  """x rounded up to a multiple of m."""
+  return -(-x // m) * m
+
+
+def cache_bucket(slots: int) -> int:
+  """The cache length `generate` picks when `slots` are needed (a multiple of
+  CACHE_BUCKET): calls in the same bucket share a compiled program."""
+  return round_up(slots, CACHE_BUCKET)

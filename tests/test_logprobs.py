@@ -1,0 +1,126 @@
+"""Log-probabilities of emitted tokens (`return_logprobs`): each equals a full forward's
+log-softmax of the processed distribution at that token, for every way of decoding."""
+
+import numpy as np
+import pytest
+
+import jspec
+from jspec import Tree
+from reference import processed_probs
+
+from conftest import ragged_prompts
+
+BINARY = Tree.from_paths([(0, 0), (0, 1), (1, 0), (1, 1)])
+
+
+def _reference(target, prompts, out, temperature, top_k, raw):
+  """[B, T] log p of each emitted token from one full forward over prompt + output."""
+  expected = np.zeros(out.tokens.shape, np.float64)
+  for b, prompt in enumerate(prompts):
+    n = int(out.lengths[b])
+    new = np.asarray(out.tokens[b, :n])
+    context = np.asarray(list(prompt) + new.tolist(), np.int32)[None]
+    logits = np.asarray(target.logits(context), np.float64)[0]  # [P + n, V]
+    for j in range(n):
+      row = logits[len(prompt) - 1 + j]
+      if raw:
+        lse = np.log(np.sum(np.exp(row - row.max()))) + row.max()
+        expected[b, j] = row[new[j]] - lse
+      else:
+        expected[b, j] = np.log(processed_probs(row, temperature[b], top_k)[new[j]])
+  return expected
+
+
+def _drafters(target, close_draft):
+  return {
+      "baseline": None,
+      "draft_model": dict(draft=close_draft, num_draft_tokens=3),
+      "ngram": dict(draft=jspec.NGram(target.vocab_size, max_ngram=2), num_draft_tokens=4),
+      "tree": dict(draft=close_draft, tree=BINARY),
+  }
+
+
+@pytest.mark.parametrize("method", ["baseline", "draft_model", "ngram", "tree"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_logprobs_equal_a_full_forward(target, close_draft, method, sampled):
+  prompts = ragged_prompts(3, target.vocab_size, seed=11, min_len=2, max_len=9)
+  # Repeats in the prompt give the n-gram drafter something to propose.
+  prompts[0] = prompts[0] + prompts[0]
+  temperature = [0.8, 0.0, 1.0] if sampled else [0.0, 0.0, 0.0]
+  top_k = 8
+  spec = _drafters(target, close_draft)[method]
+  kwargs = dict(max_new_tokens=12, temperature=temperature, top_k=top_k if sampled else 0,
+                seed=3)
+  for raw in (False, True):
+    request = jspec.Logprobs(raw=raw)
+    if spec is None:
+      out = jspec.generate(target, prompts, return_logprobs=request, **kwargs)
+    else:
+      out = jspec.speculative_generate(target, prompts=prompts, return_logprobs=request,
+                                       **spec, **kwargs)
+    got = np.asarray(out.logprobs, np.float64)
+    assert got.shape == out.tokens.shape
+    expected = _reference(target, prompts, out, temperature, top_k if sampled else 0, raw)
+    np.testing.assert_allclose(got, expected, atol=1e-4, err_msg=f"{method} raw={raw}")
+    past_end = np.arange(got.shape[1])[None, :] >= np.asarray(out.lengths)[:, None]
+    assert np.all(got[past_end] == 0.0)
+    if not raw:
+      greedy_rows = np.asarray(temperature) == 0
+      assert np.all(got[greedy_rows] == 0.0)  # the argmax is drawn with probability 1
+    else:
+      assert np.all(got[~past_end] < 0.0)
+
+
+def test_speculative_records_what_baseline_records(target, close_draft):
+  """Greedy: the same tokens, so the same raw log-probabilities, round by round or not."""
+  prompts = ragged_prompts(4, target.vocab_size, seed=5)
+  request = jspec.Logprobs(raw=True, top=3)
+  base = jspec.generate(target, prompts, max_new_tokens=10, return_logprobs=request)
+  spec = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=4,
+                                    max_new_tokens=10, return_logprobs=request)
+  np.testing.assert_array_equal(base.tokens, spec.tokens)
+  np.testing.assert_allclose(base.logprobs, spec.logprobs, atol=1e-5)
+  np.testing.assert_array_equal(base.top_ids, spec.top_ids)
+  np.testing.assert_allclose(base.top_logprobs, spec.top_logprobs, atol=1e-5)
+  # The greedy token is the most likely one, and the top list is sorted.
+  valid = np.asarray(base.tokens) >= 0
+  np.testing.assert_array_equal(np.asarray(base.top_ids)[..., 0][valid],
+                                np.asarray(base.tokens)[valid])
+  top = np.asarray(base.top_logprobs)[valid]
+  assert np.all(np.diff(top, axis=-1) <= 0.0)
+  np.testing.assert_allclose(top[:, 0], np.asarray(base.logprobs)[valid], atol=1e-6)
+
+
+def test_auto_k_records_logprobs(target, close_draft):
+  prompts = ragged_prompts(2, target.vocab_size, seed=8)
+  base = jspec.generate(target, prompts, max_new_tokens=10, return_logprobs=jspec.Logprobs(raw=True))
+  auto = jspec.speculative_generate(target, close_draft, prompts, max_new_tokens=10,
+                                    num_draft_tokens=jspec.AutoK(choices=(0, 2, 4), costs=(1.0, 1.1, 1.2)),
+                                    return_logprobs=jspec.Logprobs(raw=True))
+  np.testing.assert_array_equal(base.tokens, auto.tokens)
+  np.testing.assert_allclose(base.logprobs, auto.logprobs, atol=1e-5)
+
+
+def test_logprobs_off_by_default_and_bad_requests(target):
+  out = jspec.generate(target, [[1, 2]], max_new_tokens=3)
+  assert out.logprobs is None and out.top_ids is None
+  with pytest.raises(TypeError, match="return_logprobs"):
+    jspec.generate(target, [[1, 2]], max_new_tokens=3, return_logprobs="yes")
+  with pytest.raises(ValueError, match="top"):
+    jspec.Logprobs(top=-1)
+
+
+def test_per_row_acceptance_counters_under_auto(target, close_draft):
+  """One row, K switching between 0 and 4: position 0 is judged in every drafting round,
+  position i only in rounds that drafted it and accepted the i before it."""
+  out = jspec.speculative_generate(target, close_draft, [[3, 1, 4, 1, 5]], max_new_tokens=24,
+                                   num_draft_tokens=jspec.AutoK(choices=(0, 2, 4),
+                                                                costs=(1.0, 1.1, 1.2)))
+  stats = out.stats
+  judged = np.asarray(stats.position_judged)[0]
+  drafting = sum(r for k, r in out.rounds_by_k.items() if k >= 1)
+  assert judged[0] == drafting
+  assert int(np.sum(stats.row_hist)) == int(stats.target_calls[0])
+  accepted = np.asarray(stats.position_accepted)[0]
+  assert np.all(accepted <= judged) and np.all(np.diff(judged) <= 0)
+  assert int(np.sum(accepted)) == int(stats.accepted[0])
