@@ -17,6 +17,7 @@ The names below are what most users need; everything else lives in those package
 """
 
 from jspec.core.api import generate, speculative_generate
+from jspec.core.constraint import Constraint
 from jspec.core.drafter import Drafter
 from jspec.core.logprobs import Logprobs
 from jspec.core.model import Model, OutputHead
@@ -28,6 +29,7 @@ from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle import Eagle, EagleConfig
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.ngram import NGram
+from jspec.drafters.suffix import Suffix
 from jspec.io.checkpoint import load, save
 from jspec.io.text import generate_text
 from jspec.io.tokenizer import Tokenizer
@@ -39,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoK",
+    "Constraint",
     "Datastore",
     "DraftModel",
     "Drafter",
@@ -50,6 +53,7 @@ __all__ = [
     "NGram",
     "OutputHead",
     "SamplingParams",
+    "Suffix",
     "Tokenizer",
     "Tree",
     "generate",

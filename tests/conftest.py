@@ -151,6 +151,7 @@ SLOW_TESTS = {  # every case
     "test_distribution.py::test_whole_sequence_distribution",
     "test_distribution.py::test_reduced_vocabulary_draft_keeps_the_distribution",
     "test_distribution.py::test_reduced_vocabulary_eagle_keeps_the_distribution",
+    "test_distribution.py::test_suffix_drafter_with_memory_keeps_the_distribution",
     "test_reduced_vocab.py::test_eagle_with_a_reduced_vocabulary",
     "test_reduced_vocab.py::test_greedy_equals_baseline_with_a_reduced_vocabulary",
     "test_model.py::test_cache_layouts_decode_identically",  # fast: ..._hold_the_same_k_v
@@ -198,6 +199,7 @@ SLOW_TESTS = {  # every case
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",
     "test_logprobs.py::test_logprobs_equal_a_full_forward",
+    "test_constrained.py::test_greedy_constrained_speculative_equals_baseline",
     "test_generate.py::test_stream_sends_every_committed_token_in_order",
     "test_generate.py::test_static_greedy_equals_zero_temperature_params",
     "test_checkpoint.py::test_round_trip_identical_params_and_logits",

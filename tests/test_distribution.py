@@ -116,3 +116,23 @@ def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_
   hist = np.asarray(spec.stats.accept_hist)
   assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
   assert_counts_match(sequence_counts(spec.tokens), exact, "reduced-vocabulary EAGLE")
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
+def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, top_k):
+  """Suffix drafting from a memory of earlier outputs (deterministic, frequency-chosen
+  drafts that are often wrong): the counts follow the target's distribution."""
+  from jspec.drafters.suffix import Suffix, SuffixMemory, remember
+  target, _ = pair
+  exact = exact_distribution(target, temperature, top_k)
+  earlier = jnp.asarray([[4, 2, 3, 1, 4, 2], [4, 0, 5, 1, 4, 2], [1, 4, 5, 5, 4, 2]], jnp.int32)
+  memory = remember(SuffixMemory.empty(32), earlier, jnp.asarray([6, 6, 6]))
+  drafter = Suffix(V, memory=memory, min_prob=0.0)
+  kw = dict(max_new_tokens=NEW, temperature=temperature, top_k=top_k)
+  # A chain, and a tree of the most frequent continuations (siblings, placeholders).
+  tree = jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0), (2,)])
+  for name, shape in (("chain", dict(num_draft_tokens=2)), ("tree", dict(tree=tree))):
+    spec = jspec.speculative_generate(target, drafter, [PROMPT] * ROWS, seed=2028, **shape, **kw)
+    hist = np.asarray(spec.stats.accept_hist)
+    assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"{name}: acceptance not exercised: {hist}"
+    assert_counts_match(sequence_counts(spec.tokens), exact, f"suffix drafting, {name}")

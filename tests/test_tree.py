@@ -241,9 +241,17 @@ def test_tree_errors(gqa_target):
   with pytest.raises(ValueError, match="conflicts with the tree"):
     jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=BINARY, num_draft_tokens=4,
                                max_new_tokens=4)
+  class ChainOnly:  # a drafter with propose but no propose_tree
+    vocab_size = 64
+
+    def init(self, tokens, prompt_lengths, cache_length):
+      return None
+
+    def propose(self, state, context, num_drafts, params, keys):
+      return jnp.zeros((context.lengths.shape[0], num_drafts), jnp.int32), None, state
+
   with pytest.raises(TypeError, match="cannot draft trees"):
-    jspec.speculative_generate(gqa_target, jspec.NGram(vocab_size=64), prompts, tree=BINARY,
-                               max_new_tokens=4)
+    jspec.speculative_generate(gqa_target, ChainOnly(), prompts, tree=BINARY, max_new_tokens=4)
   with pytest.raises(TypeError, match="jspec.Tree"):
     jspec.speculative_generate(gqa_target, gqa_target, prompts, tree=(0, 1), max_new_tokens=4)
   with pytest.raises(ValueError, match="verify block of 7"):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import decode, dynamic, logprobs, schedule, sharding, streaming
+from jspec.core import constrained, decode, dynamic, logprobs, schedule, sharding, streaming
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import DraftModel
@@ -46,7 +46,7 @@ class GenerateOutput:
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
              eos_id=None, seed=0, prompt_lengths=None, cache_length=None, mesh=None,
-             rules=None, stream=None, return_logprobs=False) -> GenerateOutput:
+             rules=None, stream=None, return_logprobs=False, constraint=None) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -73,17 +73,24 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
       reads the unprocessed log_softmax instead, `Logprobs(top=n)` adds the n most
       likely ids per position (`jspec.core.logprobs`). Speculative decoding records
       the same numbers as plain decoding for the same tokens.
+    constraint: a `jspec.Constraint` (from a regex or a JSON schema and the tokenizer)
+      for every row, or one per row (None: that row free). New tokens then follow the
+      model's distribution restricted to the constraint's language (masked before
+      temperature, top-k and top-p; `jspec.core.constrained`). A row cut by
+      max_new_tokens before its match is complete ends mid-match; give the
+      constraint's EOS ids as stop ids (the default when both come from the model's
+      tokenizer) so that rows end when the match does.
   """
   return _run(model, None, prompts, 0, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
               prompt_lengths, cache_length, mesh, rules, stream=stream,
-              logprob_spec=logprobs.as_spec(return_logprobs))
+              logprob_spec=logprobs.as_spec(return_logprobs), constraint=constraint)
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
                          rules=None, tree: Tree | None = None, stream=None,
-                         return_logprobs=False) -> GenerateOutput:
+                         return_logprobs=False, constraint=None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
@@ -103,7 +110,8 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
 
   tree: a `jspec.Tree` to verify a static draft tree of N nodes per round instead
-  of a chain (the drafter needs `propose_tree`: Medusa, EAGLE, a draft model).
+  of a chain (the drafter needs `propose_tree`: Medusa, EAGLE, a draft model, and the
+  lookup drafters NGram, Datastore and Suffix).
   `num_draft_tokens` may then be omitted; if given it must equal the tree's depth.
   The cache needs N slots of slack instead of K + 1. Tree decoding moves accepted
   K/V along the cache's slot axis, so the target must declare its cache axes
@@ -141,7 +149,7 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
                        "the slot axis of its K/V buffers")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
               seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream,
-              logprob_spec=logprobs.as_spec(return_logprobs))
+              logprob_spec=logprobs.as_spec(return_logprobs), constraint=constraint)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -149,14 +157,14 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
          prompt_lengths, cache_length, mesh, rules, tree=None, stream=None,
-         logprob_spec=None) -> GenerateOutput:
+         logprob_spec=None, constraint=None) -> GenerateOutput:
   if stream is not None and stream is not True:
     if not callable(stream):
       raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
     with streaming.listening(stream):
       return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
                   eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True,
-                  logprob_spec=logprob_spec)
+                  logprob_spec=logprob_spec, constraint=constraint)
   auto = K if isinstance(K, schedule.AutoK) else None
   if auto is not None:
     K = auto.max_k
@@ -206,6 +214,16 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
       drafter = dataclasses.replace(drafter, model=_placed(drafter.model, layout, replicate=True))
     rows = [sharding.put(x, layout.batch(x.shape)) for x in rows]
     eos_ids = sharding.put(eos, layout.sharding(eos.shape, (None,)))
+  rows_constraint = None
+  if constraint is not None:  # checked and stacked on the host, placed like the rows
+    table, initial = constrained.for_batch(constraint, B, target.vocab_size)
+    if layout is None:
+      initial = jnp.asarray(initial)
+    else:
+      table = jax.tree_util.tree_map(
+          lambda x: sharding.put(x, layout.sharding(x.shape, (None,) * x.ndim)), table)
+      initial = sharding.put(initial, layout.batch(initial.shape))
+    rows_constraint = constrained.ConstraintRows(table=table, state=initial)
   # The decoding form of the weights, built once per model rather than once per call.
   target = target.decoding_form()
   if isinstance(drafter, DraftModel):
@@ -230,11 +248,11 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     params = SamplingParams(temperature=temp_, top_k=top_k_, top_p=top_p_)
   if auto is None:
     out, new_lengths, stats, records = _program(target, drafter, tokens_, lengths_, max_new_,
-                                                params, eos_ids, seeds_, config)
+                                                params, eos_ids, seeds_, rows_constraint, config)
     rounds = None
   else:
     out, new_lengths, stats, records, rounds = _auto_program(
-        target, drafter, tokens_, lengths_, max_new_, params, eos_ids, seeds_,
+        target, drafter, tokens_, lengths_, max_new_, params, eos_ids, seeds_, rows_constraint,
         jnp.asarray(costs, jnp.float32), config, auto)
   width = int(max_new.max())
   if layout is not None and not out.is_fully_addressable:  # multi-host: every process gets all
@@ -277,9 +295,10 @@ def _placed(model: Model, layout, replicate: bool) -> Model:
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, config):
+def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
+             config):
   state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                            seeds, config)
+                            seeds, config, constraint)
   state = decode.decode_loop(target, drafter, state, config)
   out, new_lengths = decode.output_tokens(state)
   return out, new_lengths, state.stats, _records(state)
@@ -292,10 +311,10 @@ def _records(state: decode.DecodeState):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "auto"))
-def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, costs,
-                  config, auto):
+def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds,
+                  constraint, costs, config, auto):
   state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                             seeds, costs, config, auto)
+                             seeds, costs, config, auto, constraint)
   state = dynamic.decode_loop(target, drafter, state, config, auto)
   out, new_lengths = decode.output_tokens(state.decode)
   return out, new_lengths, state.decode.stats, _records(state.decode), state.schedule.rounds

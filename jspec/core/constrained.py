@@ -69,6 +69,10 @@ def for_batch(constraint, batch: int, vocab_size: int) -> tuple[Constraint, np.n
                        f"build it with the model's tokenizer")
     if not any(c is d for d in distinct):
       distinct.append(c)
+  if len(distinct) == 1 and all(c is not None for c in per_row) and \
+      distinct[0].vocab_size == vocab_size:
+    # One constraint for every row: its table as it is (no host copy of Q x V ids per call).
+    return distinct[0], np.zeros((batch,), np.int32)
   tables, finals, offsets = [], [], []
   for c in distinct:
     offsets.append(sum(t.shape[0] for t in tables))
@@ -112,6 +116,11 @@ def along_tree(rows: ConstraintRows, block: jax.Array, tree) -> jax.Array:
 def masked(logits: jax.Array, rows: ConstraintRows, states: jax.Array) -> jax.Array:
   """logits [B, W, V] with the ids each position's state forbids at -inf."""
   return mask_logits(logits, rows.table, states)
+
+
+def step(rows: ConstraintRows, state: jax.Array, tokens: jax.Array) -> jax.Array:
+  """int32 [B]: the states after tokens [B] from state [B] (-1 where not allowed)."""
+  return advance(rows.table, state, tokens)
 
 
 def step_mask(rows: ConstraintRows, state: jax.Array) -> jax.Array:

@@ -52,6 +52,7 @@ class Constraint:
 
   @property
   def num_states(self) -> int:
+    """Q, the automaton's states (reachable ones that can still reach a full match)."""
     return int(self.next_state.shape[0])
 
   @property

@@ -44,8 +44,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jspec.core import acceptance, prefill, sampling, sharding, streaming
+from jspec.core import acceptance, constrained, prefill, sampling, sharding, streaming
 from jspec.core import logprobs as logprobs_lib
+from jspec.core import stats as stats_lib
+from jspec.core.stats import DecodeStats
 from jspec.core import tree as tree_lib
 from jspec.core.drafter import DraftContext, uses_features
 from jspec.core.model import Model
@@ -76,40 +78,6 @@ class DecodeConfig:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class DecodeStats:
-  """Per-row counters a run accumulates (tau, acceptance: `jspec.tools.costs`).
-
-  K is the program's largest draft length (a tree's depth). Draft position i
-  (0-based) is judged in a round that drafted at least i + 1 tokens along its chain
-  (or its tree's depth) and accepted the i drafts before it; it is accepted when
-  the round accepted more than i.
-  """
-
-  target_calls: jax.Array  # [B] int32 rounds in which the row was active
-  accepted: jax.Array  # [B] int32 draft tokens accepted and committed
-  row_hist: jax.Array  # [B, K+1] int32 active rounds by accepted count n, per row
-  position_judged: jax.Array  # [B, K] int32 active rounds that judged draft position i
-
-  @property
-  def accept_hist(self) -> jax.Array:
-    """[K+1] int32 active rounds by accepted count n, over the batch."""
-    return jnp.sum(self.row_hist, axis=0)
-
-  @property
-  def position_accepted(self) -> jax.Array:
-    """[B, K] int32 rounds whose draft at position i was accepted (n > i)."""
-    return jnp.flip(jnp.cumsum(jnp.flip(self.row_hist[:, 1:], axis=1), axis=1), axis=1)
-
-  def position_acceptance(self) -> jax.Array:
-    """[B, K] f32 per row: of the rounds that judged draft position i, the fraction
-    that accepted it (NaN where it was never judged)."""
-    judged = self.position_judged.astype(jnp.float32)
-    accepted = self.position_accepted.astype(jnp.float32)
-    return jnp.where(judged > 0, accepted / jnp.maximum(judged, 1.0), jnp.nan)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
 class DecodeState:
   """Everything a decode round reads and writes.
 
@@ -136,17 +104,21 @@ class DecodeState:
   feature_start: jax.Array | None = None  # [B] int32
   # Log-probabilities of the tokens at each slot (`DecodeConfig.logprobs`); None when off.
   logprobs: logprobs_lib.LogprobBuffers | None = None
+  # A token-level automaton and each row's state in it (`jspec.core.constrained`); None: free.
+  constraint: constrained.ConstraintRows | None = None
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
                params: sampling.SamplingParams | None, eos_ids, seeds, config: DecodeConfig,
-               ) -> DecodeState:
+               constraint: constrained.ConstraintRows | None = None) -> DecodeState:
   """Prefill target and drafter and build the initial state.
 
   tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
   max_new_tokens [B] >= 1; params: per-row `SamplingParams`, or None for a
   statically all-greedy program; seeds [B] int32 (row b's random stream depends
-  on seeds[b] only); eos_ids [E] int32.
+  on seeds[b] only); eos_ids [E] int32; constraint: the batch's automaton with each
+  row's initial state (`constrained.for_batch`), or None. The prompt itself is not
+  checked against the constraint: it constrains the new tokens only.
   """
   B, P = tokens.shape
   S = config.cache_length
@@ -176,7 +148,6 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
         padded, feature_start)
   else:
     drafter_state = drafter.init(tokens, prompt_lengths, S)
-  zeros = jnp.zeros((B,), jnp.int32)
   return DecodeState(
       tokens=buffer,
       lengths=prompt_lengths,
@@ -188,13 +159,12 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
       keys=sampling.row_keys(seeds.astype(jnp.int32)),
       params=params,
       eos_ids=eos_ids.astype(jnp.int32),
-      stats=DecodeStats(target_calls=zeros, accepted=zeros,
-                        row_hist=jnp.zeros((B, K + 1), jnp.int32),
-                        position_judged=jnp.zeros((B, K), jnp.int32)),
+      stats=stats_lib.init(B, K),
       features=features,
       feature_start=feature_start,
       logprobs=(None if config.logprobs is None
                 else logprobs_lib.init_buffers(config.logprobs, B, S)),
+      constraint=constraint,
   )
 
 
@@ -227,7 +197,7 @@ def decode_round(target: Model, drafter, state: DecodeState,
   draft_keys = sampling.fold(round_keys, 1)
   accept_keys = sampling.fold(round_keys, 2)
   context = DraftContext(tokens=state.tokens, lengths=L, features=state.features,
-                         feature_start=state.feature_start)
+                         feature_start=state.feature_start, constraint=state.constraint)
   # Done rows keep a frozen L; clamp so their (discarded) block stays in bounds.
   start = jnp.minimum(L - 1, S - W)
   last = jnp.take_along_axis(state.tokens, start[:, None], axis=1)  # [B, 1]
@@ -272,6 +242,10 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
   block = jnp.concatenate([last, drafts.astype(jnp.int32)], axis=1)  # [B, K+1]
   with jax.named_scope("target_verify"):
     logits, hidden, cache = target.apply(block, state.target_cache, start)
+  if state.constraint is not None:
+    with jax.named_scope("constraint"):
+      states = constrained.along_chain(state.constraint, drafts.astype(jnp.int32))
+      logits = constrained.masked(logits, state.constraint, states)
   with jax.named_scope("acceptance"):
     if state.params is None:  # static: all rows greedy
       # One-hot p accepts exactly while d_i is the argmax, whatever q is: q is unused.
@@ -297,6 +271,10 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
     logits, hidden, cache = target.apply(block, state.target_cache, start,
                                          block_mask=jnp.asarray(topology.ancestors),
                                          depth=jnp.asarray(topology.depths))
+  if state.constraint is not None:
+    with jax.named_scope("constraint"):
+      states = constrained.along_tree(state.constraint, block, topology)
+      logits = constrained.masked(logits, state.constraint, states)
   with jax.named_scope("acceptance"):
     if state.params is None:
       node, next_token = tree_lib.accept_greedy(logits, candidates, topology)
@@ -359,19 +337,12 @@ def _commit(state: DecodeState, n, emitted, K: int, records=None):
     hit_eos = jnp.any(is_eos & (j < count[:, None]), axis=1)
     done = state.done | hit_eos | (new_L >= state.max_lengths)
 
-  act = active.astype(jnp.int32)
-  stats = state.stats
-  width = stats.position_judged.shape[1]  # the program's largest K
-  i = jnp.arange(width)[None, :]
-  judged = active[:, None] & (i < K) & (i <= n[:, None])  # drafts 1..i accepted, i+1 drafted
-  stats = DecodeStats(
-      target_calls=stats.target_calls + act,
-      accepted=stats.accepted + jnp.minimum(n, count),
-      row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(n, width + 1, dtype=jnp.int32),
-      position_judged=stats.position_judged + judged.astype(jnp.int32),
-  )
+  stats = stats_lib.after_round(state.stats, active, n, count, K)
+  rows = state.constraint
+  if rows is not None:
+    rows = constrained.after_commit(rows, emitted, count)
   return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats,
-                             logprobs=logprob_buffers), count
+                             logprobs=logprob_buffers, constraint=rows), count
 
 
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:

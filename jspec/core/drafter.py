@@ -70,6 +70,10 @@ class DraftContext:
   # newest valid one, h_{L-2}, produced the logits that chose t_{L-1}.
   features: jax.Array | None = None  # [B, F, D]
   feature_start: jax.Array | None = None  # [B] int32
+  # Constrained decoding (`jspec.core.constrained.ConstraintRows`): the automaton and each
+  # row's state after t_{L-1}. A drafter may mask its proposals with it (the draft model
+  # does); drafts it forbids are rejected by verification anyway. None: unconstrained.
+  constraint: Any = None
 
 
 @runtime_checkable
@@ -108,7 +112,8 @@ class Drafter(Protocol):
 
 @runtime_checkable
 class TreeDrafter(Protocol):
-  """A drafter that proposes a static tree of candidates (Medusa, EAGLE, a draft model)."""
+  """A drafter that proposes a static tree of candidates (Medusa, EAGLE, a draft model, the
+  lookup drafters)."""
 
   def propose_tree(self, state: Any, context: DraftContext, tree: Any,
                    params: SamplingParams | None, keys: jax.Array) -> tuple[jax.Array, Any]:

@@ -61,7 +61,8 @@ class AutoState:
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
-               seeds, costs, config: decode.DecodeConfig, auto: AutoK) -> AutoState:
+               seeds, costs, config: decode.DecodeConfig, auto: AutoK,
+               constraint=None) -> AutoState:
   """`decode.init_state` for a dynamic loop (config K = the largest choice).
 
   A drafter that can `sync` is not prefilled here: its state is made from the
@@ -72,14 +73,14 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   target, drafter = decode.prepared(target), decode.prepared(drafter)
   if lazy:
     state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config)
+                              eos_ids, seeds, config, constraint)
     B = tokens.shape[0]
     drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
     state = dataclasses.replace(state, drafter_state=drafter_state)
     synced = jnp.zeros((B,), jnp.int32)
   else:  # as a fixed-K call at the largest K (feature drafters get F = max K + 1 entries)
     state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config)
+                              eos_ids, seeds, config, constraint)
     synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)

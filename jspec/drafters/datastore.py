@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.drafters import ngram
+from jspec.drafters import lookup_tree, ngram
 from jspec.core.drafter import DraftContext
 
 
@@ -126,6 +126,18 @@ class Datastore:
     drafts = jnp.where(use_store[:, None], store_drafts, own_drafts)
     count = jnp.where(use_store, store_count, own_count)
     return drafts, count
+
+  def propose_tree(self, state, context: DraftContext, tree, params, keys):
+    """`TreeDrafter.propose_tree`: the continuations of every occurrence of the longest
+    matching suffix in the row and the buffer together, node i the ranks[i]-th most
+    frequent after its path (`jspec.drafters.lookup_tree`); state unchanged."""
+    del params, keys
+    tokens, L = context.tokens, context.lengths
+    hay = lookup_tree.row_haystack(tokens, L, self.tokens)
+    occurs = lookup_tree.occurrences(hay, ngram.suffix_tokens(tokens, L, self.max_ngram), L,
+                                     tokens.shape[1], self.min_ngram, self.max_ngram)
+    return lookup_tree.frequency_tree(hay, occurs, tree, ngram.last_token(tokens, L),
+                                      self.vocab_size), state
 
 
 def _check_ids(tokens: np.ndarray, vocab_size, what="datastore token ids") -> None:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec.core import prefill, sampling
+from jspec.core import constrained, prefill, sampling
 from jspec.core.drafter import DraftContext
 from jspec.core.model import Model
 from jspec.core.tree import top_ranked
@@ -87,6 +87,17 @@ class DraftModel:
       rows = vocab_subset.head_rows(head.embed, head.lm_head, self.ids)
     return vocab_subset.scores(hidden, rows, head.final_logit_softcapping)
 
+  def _constrained(self, scores, rows, at):
+    """Scores [B, V or N] with the ids the automaton forbids in state at [B] at -inf. A
+    row whose scored ids are all forbidden (a reduced vocabulary missing the allowed
+    ones, or a draft already off the language) keeps its scores: verification rejects
+    what it proposes."""
+    ok = constrained.step_mask(rows, at)  # [B, V]
+    if self.ids is not None:
+      ok = ok[:, self.ids]
+    ok = ok | ~jnp.any(ok, axis=-1, keepdims=True)
+    return jnp.where(ok, scores, jnp.asarray(-jnp.inf, scores.dtype))
+
   def _token(self, index):
     """Token ids of score indices (the identity over the whole vocabulary)."""
     return index if self.ids is None else vocab_subset.token_ids(self.ids, index)
@@ -115,12 +126,18 @@ class DraftModel:
     argmax drafts, one-hot q) and the updated cache.
     """
     greedy = params is None  # static
+    rows = context.constraint
 
-    def draw(scores, i):  # scores [B, V or N] -> d [B], q [B, V] (None when greedy)
+    def draw(scores, i, at):  # scores [B, V or N] -> d [B], q [B, V] (None when greedy)
+      if rows is not None:  # at [B]: the automaton state the draft continues from
+        scores = self._constrained(scores, rows, at)
       if greedy:
         return self._token(sampling.greedy_tokens(scores)), None
       q = sampling.probabilities(scores[:, None], params)[:, 0]
       return self._token(sampling.sample(sampling.fold(keys, i), q)), self._full(q)
+
+    def after(at, d):  # the automaton state after draft d
+      return None if rows is None else constrained.step(rows, at, d)
 
     L = context.lengths
     start = jnp.maximum(L - 2, 0)
@@ -130,16 +147,18 @@ class DraftModel:
       scores = self._scores(logits, hidden)
       offset = (L - 1) - start  # [B] 0 or 1
       scores = jnp.take_along_axis(scores, offset[:, None, None], axis=1)[:, 0]  # [B, V or N]
-      d_first, q_first = draw(scores, 0)
+      at = None if rows is None else rows.state
+      d_first, q_first = draw(scores, 0, at)
 
       def step(carry, i):
-        cache, token = carry
+        cache, token, at = carry
+        at = after(at, token)
         logits, hidden, cache = self.model.apply(token[:, None], cache, L - 1 + i)
-        d, q = draw(self._scores(logits, hidden)[:, 0], i)
-        return (cache, d), (d, q)
+        d, q = draw(self._scores(logits, hidden)[:, 0], i, at)
+        return (cache, d, at), (d, q)
 
-      (cache, _), (d_rest, q_rest) = lax.scan(
-          step, (cache, d_first), jnp.arange(1, num_drafts, dtype=jnp.int32))
+      (cache, _, _), (d_rest, q_rest) = lax.scan(
+          step, (cache, d_first, at), jnp.arange(1, num_drafts, dtype=jnp.int32))
     drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)  # [B, K]
     if greedy:
       return drafts, None, cache

@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.core.drafter import DraftContext
+from jspec.drafters import lookup_tree
 
 
 def _static(default=dataclasses.MISSING):
@@ -88,6 +89,18 @@ class NGram:
     drafts, count, _ = context_drafts(context, num_drafts, self.max_ngram, self.min_ngram,
                                       self.drafts_per_ngram)
     return drafts, count
+
+  def propose_tree(self, state, context: DraftContext, tree, params, keys):
+    """`TreeDrafter.propose_tree`: the continuations of every occurrence of the longest
+    matching suffix, node i the ranks[i]-th most frequent after its path
+    (`jspec.drafters.lookup_tree`); candidates [B, N-1], state unchanged."""
+    del params, keys
+    tokens, L = context.tokens, context.lengths
+    hay = lookup_tree.row_haystack(tokens, L)
+    occurs = lookup_tree.occurrences(hay, suffix_tokens(tokens, L, self.max_ngram), L,
+                                     tokens.shape[1], self.min_ngram, self.max_ngram)
+    return lookup_tree.frequency_tree(hay, occurs, tree, last_token(tokens, L),
+                                      self.vocab_size), state
 
 
 # ----------------------------------------------------------------------------- shared helpers

@@ -100,6 +100,22 @@ def resolve(target: str) -> str:
   return target
 
 
+def load_target(target: str) -> Model:
+  """The f32 model behind a --target argument: "smollm2", a GGUF file or a jspec / Hugging
+  Face directory."""
+  from jspec.io import checkpoint
+
+  path = resolve(target) if target == "smollm2" or target.endswith(".gguf") else target
+  return checkpoint.load(path, dtype="float32")
+
+
+def write_json(report: dict, path: str | None) -> None:
+  """The report as JSON at `path` (nothing when None)."""
+  if path:
+    with open(path, "w") as f:
+      json.dump(report, f, indent=2)
+
+
 def chat_ids(tokenizer, prompts: list[dict]) -> list[tuple[str, list[int]]]:
   """[(kind, token ids)] of chat prompts ({"kind", "content"}) under the model's chat
   template, ready for the assistant's answer."""

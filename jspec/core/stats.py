@@ -1,0 +1,65 @@
+"""Per-row counters of a decoding run: rounds, accepted drafts, and acceptance by
+draft position (what `jspec measure` reports per prompt)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeStats:
+  """Per-row counters a run accumulates (tau, acceptance: `jspec.tools.costs`).
+
+  K is the program's largest draft length (a tree's depth). Draft position i
+  (0-based) is judged in a round that drafted at least i + 1 tokens along its chain
+  (or its tree's depth) and accepted the i drafts before it; it is accepted when
+  the round accepted more than i.
+  """
+
+  target_calls: jax.Array  # [B] int32 rounds in which the row was active
+  accepted: jax.Array  # [B] int32 draft tokens accepted and committed
+  row_hist: jax.Array  # [B, K+1] int32 active rounds by accepted count n, per row
+  position_judged: jax.Array  # [B, K] int32 active rounds that judged draft position i
+
+  @property
+  def accept_hist(self) -> jax.Array:
+    """[K+1] int32 active rounds by accepted count n, over the batch."""
+    return jnp.sum(self.row_hist, axis=0)
+
+  @property
+  def position_accepted(self) -> jax.Array:
+    """[B, K] int32 rounds whose draft at position i was accepted (n > i)."""
+    return jnp.flip(jnp.cumsum(jnp.flip(self.row_hist[:, 1:], axis=1), axis=1), axis=1)
+
+  def position_acceptance(self) -> jax.Array:
+    """[B, K] f32 per row: of the rounds that judged draft position i, the fraction
+    that accepted it (NaN where it was never judged)."""
+    judged = self.position_judged.astype(jnp.float32)
+    accepted = self.position_accepted.astype(jnp.float32)
+    return jnp.where(judged > 0, accepted / jnp.maximum(judged, 1.0), jnp.nan)
+
+
+def init(B: int, K: int) -> DecodeStats:
+  """Zero counters for B rows of a program whose largest draft length is K."""
+  zeros = jnp.zeros((B,), jnp.int32)
+  return DecodeStats(target_calls=zeros, accepted=zeros, row_hist=jnp.zeros((B, K + 1), jnp.int32),
+                     position_judged=jnp.zeros((B, K), jnp.int32))
+
+
+def after_round(stats: DecodeStats, active, n, count, K: int) -> DecodeStats:
+  """Counters after a round of K drafts (chain length or tree depth) that accepted n
+  [B] and committed count [B]; active [B] bool: rows that were not done."""
+  act = active.astype(jnp.int32)
+  width = stats.position_judged.shape[1]  # the program's largest K
+  i = jnp.arange(width)[None, :]
+  judged = active[:, None] & (i < K) & (i <= n[:, None])  # drafts 1..i accepted, i+1 drafted
+  return DecodeStats(
+      target_calls=stats.target_calls + act,
+      accepted=stats.accepted + jnp.minimum(n, count),
+      row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(n, width + 1, dtype=jnp.int32),
+      position_judged=stats.position_judged + judged.astype(jnp.int32),
+  )

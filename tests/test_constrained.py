@@ -1,0 +1,173 @@
+"""Constrained decoding (`constraint=`): outputs stay in the language, greedy speculative
+equals greedy baseline, and sampled sequences follow the target's constrained
+distribution exactly (whole-sequence enumeration on a tiny vocabulary)."""
+
+import itertools
+import json
+import re
+
+import numpy as np
+import pytest
+
+import jspec
+from conftest import perturbed, ragged_prompts, tiny_config
+from reference import assert_counts_match, chi_square_ok, processed_probs
+
+EOS = 63
+# 64 ids: single characters, a few longer pieces (so drafts and constraints cross token
+# boundaries), and EOS last.
+_CHARS = list('abcdefghijklmnopqrstuvwxyz0123456789{}":, -')
+_PIECES = ["ab", "ba", "12", "true", "false", '"ok"', '"c"', '{"', '"}', '":', "a-", "-1",
+           "ok", "tr", "ue", "fa", "lse", '": ', ', "', "c1", "99"]
+VOCAB = (_CHARS + _PIECES + ["xyz"] * 64)[:EOS] + ["<eos>"]
+PATTERN = r"[a-c]{1,3}-[0-9]{2}"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                          "c": {"enum": ["ab", "ba"]}},
+          "required": ["ok", "c"]}
+BINARY = jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0), (1, 1)])
+
+
+def text_of(row):
+  return "".join(VOCAB[t] for t in row if 0 <= t != EOS)
+
+
+@pytest.fixture(scope="module")
+def regex():
+  return jspec.Constraint.from_regex(PATTERN, VOCAB, eos_ids=[EOS])
+
+
+@pytest.fixture(scope="module")
+def schema():
+  return jspec.Constraint.from_json_schema(SCHEMA, VOCAB, eos_ids=[EOS], whitespace_pattern=" ?")
+
+
+def _drafter(method, target, close_draft):
+  return {"draft_model": dict(draft=close_draft, num_draft_tokens=3),
+          "ngram": dict(draft=jspec.NGram(target.vocab_size, max_ngram=2), num_draft_tokens=4),
+          "tree": dict(draft=close_draft, tree=BINARY),
+          "auto": dict(draft=close_draft,
+                       num_draft_tokens=jspec.AutoK(choices=(0, 2, 4), costs=(1.0, 1.1, 1.2)))
+          }[method]
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "tree", "auto"])
+def test_greedy_constrained_speculative_equals_baseline(target, close_draft, regex, method):
+  prompts = ragged_prompts(3, target.vocab_size, seed=6, min_len=2, max_len=9)
+  per_row = [regex, None, regex]  # one row free: it must decode as without a constraint
+  kw = dict(max_new_tokens=10, eos_id=[EOS], constraint=per_row)
+  base = jspec.generate(target, prompts, **kw)
+  spec = jspec.speculative_generate(target, prompts=prompts, **_drafter(method, target,
+                                                                         close_draft), **kw)
+  np.testing.assert_array_equal(base.tokens, spec.tokens)
+  free = jspec.generate(target, prompts, max_new_tokens=10, eos_id=[EOS])
+  np.testing.assert_array_equal(base.tokens[1], free.tokens[1])
+  for b in (0, 2):
+    row = np.asarray(base.tokens[b])
+    assert row[int(base.lengths[b]) - 1] == EOS, "a bounded pattern ends in EOS"
+    assert re.fullmatch(PATTERN, text_of(row)), text_of(row)
+  # A random model left alone writes outside the language.
+  assert not re.fullmatch(PATTERN, text_of(np.asarray(free.tokens[0])))
+
+
+def test_sampled_rows_stay_in_the_language(target, close_draft, regex, schema):
+  rows = 200
+  prompts = ragged_prompts(rows, target.vocab_size, seed=9, min_len=1, max_len=6)
+  kw = dict(max_new_tokens=32, eos_id=[EOS], temperature=1.0, seed=17)
+  out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
+                                   constraint=[regex, schema] * (rows // 2), **kw)
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  texts = set()
+  for b in range(rows):
+    assert tokens[b, lengths[b] - 1] == EOS, f"row {b} did not finish: {text_of(tokens[b])!r}"
+    text = text_of(tokens[b])
+    texts.add(text)
+    if b % 2 == 0:
+      assert re.fullmatch(PATTERN, text), text
+    else:
+      value = json.loads(text)
+      assert set(value) == {"ok", "c"} and isinstance(value["ok"], bool)
+      assert value["c"] in ("ab", "ba")
+  assert len(texts) > 50  # sampled, not one answer repeated
+  assert int(np.sum(out.stats.accepted)) > 0
+
+
+@pytest.mark.slow
+def test_whole_sequence_constrained_distribution():
+  """Vocabulary 6, 3 new tokens, the language (ab|c)+ over tokens a, b, c, ab, ba: the
+  counts of 20,000 sampled rows match P(x1 x2 x3) of the target with every step
+  masked by the automaton, and the sequences it forbids never appear."""
+  V, NEW, ROWS, prompt = 6, 3, 20_000, [1, 4]
+  vocab = ["a", "b", "c", "ab", "ba", None]
+  constraint = jspec.Constraint.from_regex(r"(ab|c)+", vocab, eos_ids=[])
+  table = np.asarray(constraint.next_state)
+  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.6)
+  target, draft = jspec.models.init(config, seed=31), jspec.models.init(config, seed=32)
+
+  def exact(model):
+    probs = np.zeros((V,) * NEW)
+    for seq in itertools.product(range(V), repeat=NEW):
+      logits = np.asarray(model.logits(np.asarray([prompt + list(seq)], np.int32)), np.float64)[0]
+      state, p = 0, 1.0
+      for j, x in enumerate(seq):
+        row = np.where(table[state] >= 0, logits[len(prompt) - 1 + j], -np.inf)
+        p *= processed_probs(row, 1.0)[x]
+        state = table[state, x]
+        if state < 0:
+          break
+      probs[seq] = p if state >= 0 else 0.0
+    return probs.reshape(-1)
+
+  expected = exact(target)
+  assert np.isclose(expected.sum(), 1.0) and np.sum(expected == 0) > 100
+  kw = dict(max_new_tokens=NEW, temperature=1.0, seed=2027, eos_id=(), constraint=constraint)
+  spec = jspec.speculative_generate(target, draft, [prompt] * ROWS, num_draft_tokens=2, **kw)
+  hist = np.asarray(spec.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
+  codes = np.asarray(spec.tokens) @ (V ** np.arange(NEW - 1, -1, -1))
+  assert_counts_match(np.bincount(codes, minlength=V ** NEW), expected, "constrained speculative")
+  # Power: the draft's own constrained distribution is told apart from the target's.
+  other = jspec.generate(draft, [prompt] * ROWS, **kw)
+  codes = np.asarray(other.tokens) @ (V ** np.arange(NEW - 1, -1, -1))
+  assert not chi_square_ok(np.bincount(codes, minlength=V ** NEW), expected)
+
+
+def test_logprobs_follow_the_constrained_distribution(target, close_draft, regex):
+  prompts = [[5, 6, 7]]
+  out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
+                                   max_new_tokens=8, eos_id=[EOS], constraint=regex,
+                                   return_logprobs=jspec.Logprobs(raw=True))
+  n = int(out.lengths[0])
+  new = np.asarray(out.tokens[0, :n])
+  logits = np.asarray(target.logits(np.asarray([prompts[0] + new.tolist()], np.int32)),
+                      np.float64)[0]
+  table = np.asarray(regex.next_state)
+  state = 0
+  for j, x in enumerate(new):
+    row = np.where(table[state] >= 0, logits[2 + j], -np.inf)
+    expected = row[x] - (np.log(np.sum(np.exp(row - row.max()))) + row.max())
+    assert abs(float(out.logprobs[0, j]) - expected) < 1e-4
+    state = table[state, x]
+
+
+def test_constraint_errors(target, close_draft):
+  too_wide = jspec.Constraint.from_regex("ab", VOCAB + ["zz"], eos_ids=[EOS])
+  with pytest.raises(ValueError, match="65 ids but the model has 64"):
+    jspec.generate(target, [[1, 2]], max_new_tokens=3, constraint=too_wide)
+  with pytest.raises(ValueError, match="one per row"):
+    jspec.generate(target, [[1, 2], [3]], max_new_tokens=3,
+                   constraint=[jspec.Constraint.from_regex("ab", VOCAB, eos_ids=[EOS])])
+  with pytest.raises(TypeError, match="jspec.Constraint"):
+    jspec.generate(target, [[1, 2]], max_new_tokens=3, constraint="ab")
+  # Nothing this vocabulary spells can match: refused when compiled, before decoding.
+  with pytest.raises(ValueError, match="regex"):
+    jspec.Constraint.from_regex("Q+", VOCAB, eos_ids=[EOS])
+
+
+def test_a_narrower_tokenizer_pads_the_model_vocabulary(target):
+  """A tokenizer with fewer ids than the model (padded embeddings): the extra ids are
+  never emitted."""
+  narrow = jspec.Constraint.from_regex("[a-c]+", VOCAB[:40], eos_ids=[])
+  out = jspec.generate(perturbed(target, 0.0, seed=0), [[1, 2]], max_new_tokens=6,
+                       temperature=1.0, constraint=narrow, eos_id=())
+  assert np.all(np.asarray(out.tokens) < 40)
+  assert re.fullmatch("[a-c]+", text_of(np.asarray(out.tokens[0])))
