@@ -78,6 +78,25 @@ class EagleTrainConfig:
       raise ValueError(f"feature_noise and cls_weight must be >= 0: {self}")
 
 
+def features_for_training(eagle: E.Eagle, params, hidden: jax.Array, tokens: jax.Array,
+                          noise: jax.Array | None = None) -> jax.Array:
+  """Cache-free teacher-forced head pass over a window: f^ [B, T, D].
+
+  hidden [B, T, D] the target's features h_0..h_{T-1} for tokens [B, T]; the
+  pair at position j is (h_{j-1}, e(t_j)) (zeros at j = 0), causal attention
+  inside the window, positions 0..T-1 (the target's own for the window).
+  noise [B, T, D] (optional) is added to the input features.
+  """
+  B, T, D = hidden.shape
+  prev = jnp.concatenate([jnp.zeros((B, 1, D), hidden.dtype), hidden[:, :-1]], axis=1)
+  if noise is not None:
+    prev = prev + noise.astype(prev.dtype)
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+  visible = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool))[None], (B, T, T))
+  out, _ = eagle.forward(params, prev, tokens, None, positions, positions, visible)
+  return out
+
+
 def make_optimizer(cfg: EagleTrainConfig) -> optax.GradientTransformation:
   """`trainer.make_optimizer`: decay on matrices only, warmup + cosine."""
   return trainer.make_optimizer(cfg)
@@ -102,7 +121,7 @@ def eagle_loss(params, eagle: E.Eagle, tokens, hidden, target_logits, noise=None
   (mean smooth-L1 per element), cross-entropy against the target's
   distributions, and top-1 agreement of the head's argmax with the target's.
   """
-  f = E.features_for_training(eagle, params, hidden, tokens, noise)  # [B, T, D]
+  f = features_for_training(eagle, params, hidden, tokens, noise)  # [B, T, D]
   reg = jnp.mean(optax.huber_loss(f, hidden.astype(f.dtype), delta=1.0))  # smooth-L1, beta 1
   logits = eagle.logits(f)  # [B, T, V] f32
   p = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)

@@ -91,16 +91,6 @@ def test_speculative_records_what_baseline_records(target, close_draft):
   np.testing.assert_allclose(top[:, 0], np.asarray(base.logprobs)[valid], atol=1e-6)
 
 
-def test_auto_k_records_logprobs(target, close_draft):
-  prompts = ragged_prompts(2, target.vocab_size, seed=8)
-  base = jspec.generate(target, prompts, max_new_tokens=10, return_logprobs=jspec.Logprobs(raw=True))
-  auto = jspec.speculative_generate(target, close_draft, prompts, max_new_tokens=10,
-                                    num_draft_tokens=jspec.AutoK(choices=(0, 2, 4), costs=(1.0, 1.1, 1.2)),
-                                    return_logprobs=jspec.Logprobs(raw=True))
-  np.testing.assert_array_equal(base.tokens, auto.tokens)
-  np.testing.assert_allclose(base.logprobs, auto.logprobs, atol=1e-5)
-
-
 def test_logprobs_off_by_default_and_bad_requests(target):
   out = jspec.generate(target, [[1, 2]], max_new_tokens=3)
   assert out.logprobs is None and out.top_ids is None
@@ -110,16 +100,23 @@ def test_logprobs_off_by_default_and_bad_requests(target):
     jspec.Logprobs(top=-1)
 
 
-def test_per_row_acceptance_counters_under_auto(target, close_draft):
-  """One row, K switching between 0 and 4: position 0 is judged in every drafting round,
-  position i only in rounds that drafted it and accepted the i before it."""
-  out = jspec.speculative_generate(target, close_draft, [[3, 1, 4, 1, 5]], max_new_tokens=24,
+def test_auto_k_records_logprobs_and_per_row_counters(target, close_draft):
+  """One row, K switching between 0 and 4: the log-probabilities are plain decoding's;
+  position 0 is judged in every drafting round, position i only in rounds that drafted
+  it and accepted the i before it."""
+  prompts = [[3, 1, 4, 1, 5]]
+  request = jspec.Logprobs(raw=True)
+  base = jspec.generate(target, prompts, max_new_tokens=24, return_logprobs=request)
+  out = jspec.speculative_generate(target, close_draft, prompts, max_new_tokens=24,
                                    num_draft_tokens=jspec.AutoK(choices=(0, 2, 4),
-                                                                costs=(1.0, 1.1, 1.2)))
+                                                                costs=(1.0, 1.1, 1.2)),
+                                   return_logprobs=request)
+  np.testing.assert_array_equal(base.tokens, out.tokens)
+  np.testing.assert_allclose(base.logprobs, out.logprobs, atol=1e-5)
   stats = out.stats
   judged = np.asarray(stats.position_judged)[0]
   drafting = sum(r for k, r in out.rounds_by_k.items() if k >= 1)
-  assert judged[0] == drafting
+  assert drafting > 0 and judged[0] == drafting
   assert int(np.sum(stats.row_hist)) == int(stats.target_calls[0])
   accepted = np.asarray(stats.position_accepted)[0]
   assert np.all(accepted <= judged) and np.all(np.diff(judged) <= 0)

@@ -51,6 +51,12 @@ def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
     assert row["equal_to_baseline"] is True
     assert row["t_verify_ms"] > 0 and row["t_draft_round_ms"] > 0
   assert "acceptance by position" in measure.format_table(report)
+  for row in report["rows"]:  # per prompt, from the per-row counters, adding up to the whole
+    per = row["per_prompt"]
+    assert len(per) == 2 and all(p["position_acceptance"] == [1.0] * row["k"] for p in per)
+    np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0),
+                                  row["accept_hist"])
+  assert "per prompt" in measure.format_table(report)
   pytest.importorskip("matplotlib")
   measure.plot(report, str(tmp_path / "m.png"))
   assert (tmp_path / "m.png").stat().st_size > 1000
@@ -71,18 +77,33 @@ def test_measure_rejects_bad_settings(target):
     measure.measure(target, target, [], ks=(1,))
 
 
-def test_per_prompt_metrics_add_up(target, close_draft):
-  prompts = ragged_prompts(3, target.vocab_size, seed=4, min_len=2, max_len=9)
-  report = measure.measure(target, close_draft, prompts, ks=(2,), batch_size=2,
-                           max_new_tokens=10, repeats=1)
-  row = report["rows"][0]
-  per = row["per_prompt"]
-  assert len(per) == 3  # two batches, in prompt order
-  np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0),
-                                row["accept_hist"])
-  for p in per:
-    # Fixed K: every round judges position 1, and position i when i-1 were accepted.
-    np.testing.assert_allclose(p["position_acceptance"],
-                               measure.position_acceptance(p["accept_hist"]))
-    assert p["tau"] >= 1.0
-  assert "per prompt" in measure.format_table(report)
+def test_latency_from_timestamped_rounds(monkeypatch):
+  """Tokens of one round arrive together: the first waits for the round, the rest 0."""
+  from types import SimpleNamespace
+  from jspec.tools import latency
+  clock = iter([0.0, 1.0, 1.5, 3.5])  # call start, then three rounds
+  monkeypatch.setattr(latency.time, "perf_counter", lambda: next(clock))
+
+  def call(stream):
+    stream([[7, 8], [9]])   # t = 1.0: row 0 gets 2 tokens, row 1 one
+    stream([[1], []])       # t = 1.5
+    stream([[], [4, 5, 6]])  # t = 3.5
+    return SimpleNamespace(tokens=np.zeros((2, 4)), lengths=np.asarray([3, 4]))
+
+  _, sample = latency.timed_call(call)
+  assert sample["first_token_s"] == [1.0, 1.0]
+  assert sample["request_s"] == [1.5, 3.5]
+  assert sorted(sample["itl_s"]) == [0.0, 0.0, 0.0, 0.5, 2.5]
+  stats = latency.percentiles(sample)
+  assert stats["itl_ms"]["p50"] == 0.0 and stats["itl_ms"]["p99"] == pytest.approx(2420.0)
+
+
+@pytest.mark.slow
+def test_report_with_latency(target):
+  prompts = ragged_prompts(2, target.vocab_size, seed=3, min_len=2, max_len=6)
+  report = measure.measure(target, target, prompts, ks=(2,), max_new_tokens=6, repeats=1,
+                           latency=True)
+  for stats in (report["baseline_latency"], report["rows"][0]["latency"]):
+    for d in stats.values():
+      assert 0.0 <= d["p50"] <= d["p90"] <= d["p99"]
+  assert "inter-token" in measure.format_table(report)

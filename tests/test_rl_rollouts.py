@@ -23,7 +23,7 @@ def example():
 @pytest.fixture(scope="module")
 def settings(example):
   return example.Settings(steps=STEPS, batch_size=8, max_new_tokens=10, num_draft_tokens=3,
-                          seed=0)
+                          seed=0, refresh_drafter=3)
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +46,11 @@ def test_the_policy_changes_and_the_metrics_are_sane(example, settings, history)
     assert np.isfinite(e["reward"]) and 0.0 <= e["reward"] <= 1.0, e
     assert np.isfinite(e["loss"]) and e["logprob"] < 0.0, e
     assert 0.0 <= e["alpha"] <= 1.0 and 1.0 <= e["tau"] <= settings.num_draft_tokens + 1, e
-  # Step 0 drafts with the policy itself: p == q up to float error, so all but a
-  # handful of draws accept.
-  assert history[0]["alpha"] > 0.95, history[0]
+  # Steps 0 and 3 draft with the policy itself (the drafter is refreshed at step 3):
+  # p == q up to float error, so all but a handful of draws accept; in between, the
+  # stale drafter is accepted less.
+  assert history[0]["alpha"] > 0.95 and history[3]["alpha"] > 0.95, history
+  assert history[2]["alpha"] < history[3]["alpha"]
 
 
 def test_rollout_logprobs_equal_a_fresh_forward(history):

@@ -328,28 +328,6 @@ class Eagle:
     return candidates.astype(jnp.int32), cache
 
 
-# ----------------------------------------------------------------------------- training
-
-
-def features_for_training(eagle: Eagle, params, hidden: jax.Array, tokens: jax.Array,
-                          noise: jax.Array | None = None) -> jax.Array:
-  """Cache-free teacher-forced head pass over a window: f^ [B, T, D].
-
-  hidden [B, T, D] the target's features h_0..h_{T-1} for tokens [B, T]; the
-  pair at position j is (h_{j-1}, e(t_j)) (zeros at j = 0), causal attention
-  inside the window, positions 0..T-1 (the target's own for the window).
-  noise [B, T, D] (optional) is added to the input features.
-  """
-  B, T, D = hidden.shape
-  prev = jnp.concatenate([jnp.zeros((B, 1, D), hidden.dtype), hidden[:, :-1]], axis=1)
-  if noise is not None:
-    prev = prev + noise.astype(prev.dtype)
-  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
-  visible = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool))[None], (B, T, T))
-  out, _ = eagle.forward(params, prev, tokens, None, positions, positions, visible)
-  return out
-
-
 # ----------------------------------------------------------------------------- save / load
 
 

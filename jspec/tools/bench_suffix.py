@@ -23,7 +23,7 @@ import time
 import jax
 import numpy as np
 
-FUNCTIONS = ("textwrap.indent", "shlex.quote", "json.dumps", "os.path.splitext",
+FUNCTIONS = ("textwrap.indent", "shlex.quote", "json.dumps", "shutil.copyfileobj",
              "fnmatch.translate", "string.capwords", "base64.b64encode", "colorsys.rgb_to_hsv")
 TURNS = (
     "The tool `read_source` returned:\n```python\n{code}\n```\nExplain in two sentences what "

@@ -91,7 +91,7 @@ def measure(args) -> int:
   ks = [int(k) for k in args.k.split(",")]
   report = M.measure(target, drafter, prompts, ks=ks, max_new_tokens=args.max_new_tokens,
                      batch_size=args.batch_size, temperature=args.temperature,
-                     repeats=args.repeats)
+                     repeats=args.repeats, latency=args.latency)
   print(M.format_table(report))
   if args.json:
     import json
@@ -278,6 +278,8 @@ def main(argv=None) -> int:
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--json", default=None, help="write the report as JSON here")
   p.add_argument("--plot", default=None, help="write a PNG of tau and speedup against K")
+  p.add_argument("--latency", action="store_true",
+                 help="also report request / first-token / inter-token latency percentiles")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=measure)
   p = sub.add_parser("profile", help='time a round at each K for "auto" and save it; later '

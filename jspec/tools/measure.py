@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.tools import costs
+from jspec.tools import latency as lat
 from jspec.core.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.drafter import DraftContext
@@ -97,10 +98,13 @@ def _timed(fn):
 
 def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens: int = 64,
             batch_size: int = 1, temperature: float = 0.0, repeats: int = 3,
-            seed: int = 0) -> dict:
+            seed: int = 0, latency: bool = False) -> dict:
   """Acceptance, tau, per-call costs and predicted / measured speedup per K.
 
-  prompts: token-id lists. Returns a JSON-ready dict (see module docstring).
+  prompts: token-id lists. latency: also run every batch once more per repeat with
+  per-round timestamps (`jspec.tools.latency`) and report request, first-token and
+  inter-token latency percentiles for the baseline and each K. Returns a JSON-ready
+  dict (see module docstring).
   """
   ks = sorted({int(k) for k in ks})
   if not ks or ks[0] < 1:
@@ -111,9 +115,9 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   groups = _batches(list(prompts), batch_size)
   kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=())
-  base = lambda g: generate(target, g, **kw)
-  spec = {k: (lambda g, k=k: speculative_generate(target, drafter, g, num_draft_tokens=k, **kw))
-          for k in ks}
+  base = lambda g, stream=None: generate(target, g, stream=stream, **kw)
+  spec = {k: (lambda g, stream=None, k=k: speculative_generate(
+      target, drafter, g, num_draft_tokens=k, stream=stream, **kw)) for k in ks}
   outs = {"base": [base(g) for g in groups]}  # compile everything first
   for k in ks:
     outs[k] = [spec[k](g) for g in groups]
@@ -130,6 +134,18 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
         totals[k] += t
     for name, t in totals.items():
       spent[name].append(t)
+
+  latencies = {}
+  if latency:  # streamed programs are their own: compiled here, then timed interleaved
+    fns = {"base": base, **spec}
+    for name, fn in fns.items():
+      lat.timed_call(lambda stream, g=groups[0], fn=fn: fn(g, stream=stream))
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+      for g in groups:
+        for name, fn in fns.items():
+          samples[name].append(lat.timed_call(lambda stream, g=g, fn=fn: fn(g, stream=stream))[1])
+    latencies = {name: lat.percentiles(lat.merge(v)) for name, v in samples.items()}
 
   longest = max(len(p) for p in prompts)
   S = cache_bucket(longest + max_new_tokens + max(ks) + 1)
@@ -157,12 +173,14 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
         "measured_speedup": base_time / spec_time, "tokens_per_s": emitted / spec_time,
         "equal_to_baseline": same if temperature == 0 else None,
         "per_prompt": per_prompt(outs[k]),
+        **({"latency": latencies[k]} if latency else {}),
     })
   return {
       "prompts": len(prompts), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
       "temperature": temperature, "repeats": repeats, "backend": jax.default_backend(),
       "t_step_ms": t_step * 1e3, "baseline_tokens_per_s": base_tokens / base_time,
       "rows": rows,
+      **({"baseline_latency": latencies["base"]} if latency else {}),
   }
 
 
@@ -179,6 +197,11 @@ def format_table(report: dict) -> str:
     lines.append(f"{r['k']:>3} {r['tau']:5.2f} {r['alpha']:6.2f} {r['t_verify_ms']:9.2f} "
                  f"{r['t_draft_round_ms']:8.2f} {r['predicted_speedup']:8.2f}x "
                  f"{r['measured_speedup']:7.2f}x  {pos}")
+  if "baseline_latency" in report:
+    lines.append("latency, milliseconds:")
+    lines.append(lat.format_line("baseline", report["baseline_latency"]))
+    for r in report["rows"]:
+      lines.append(lat.format_line(f"K={r['k']}", r["latency"]))
   lines.append("per prompt: tau, then acceptance by position (- never judged)")
   for i in range(report["prompts"]):
     cells = []
