@@ -128,7 +128,7 @@ def far_draft():
 # case stays fast, so every property keeps one check in the fast lane). Tests can also carry
 # `@pytest.mark.slow` themselves.
 SLOW_MODULES = {"test_notebooks", "test_training", "test_hf_parity", "test_bench",
-                "test_bench_real"}
+                "test_bench_real", "test_rl_rollouts"}
 SLOW_TESTS = {  # every case
     "test_dynamic.py::test_costs_of_filtered_sampling_are_their_own",
     "test_dynamic.py::test_call_costs_time_a_rounds_calls_together_or_apart",
@@ -155,7 +155,9 @@ SLOW_TESTS = {  # every case
     "test_suffix.py::test_memory_across_calls_raises_acceptance",
     "test_constrained.py::test_a_narrower_tokenizer_pads_the_model_vocabulary",
     "test_constrained.py::test_logprobs_follow_the_constrained_distribution",
-    "test_rl_rollouts.py::test_greedy_rollout_equals_plain_greedy_decoding",
+    "test_logprobs.py::test_auto_k_records_logprobs_and_per_row_counters",
+    "test_constrained.py::test_a_few_sampled_rows_stay_in_the_language",
+    "test_suffix.py::test_lookup_trees_greedy_equal_baseline",
     "test_reduced_vocab.py::test_eagle_with_a_reduced_vocabulary",
     "test_reduced_vocab.py::test_greedy_equals_baseline_with_a_reduced_vocabulary",
     "test_model.py::test_cache_layouts_decode_identically",  # fast: ..._hold_the_same_k_v
@@ -205,7 +207,6 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_logprobs.py::test_logprobs_equal_a_full_forward",
     "test_constrained.py::test_greedy_constrained_speculative_equals_baseline",
     "test_suffix.py::test_greedy_equals_baseline",
-    "test_suffix.py::test_lookup_trees_greedy_equal_baseline",
     "test_generate.py::test_stream_sends_every_committed_token_in_order",
     "test_generate.py::test_static_greedy_equals_zero_temperature_params",
     "test_checkpoint.py::test_round_trip_identical_params_and_logits",
