@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jspec
-from conftest import perturbed, ragged_prompts, tiny_config
+from conftest import ragged_prompts, tiny_config
 from reference import assert_counts_match, chi_square_ok, processed_probs
 
 EOS = 63
@@ -180,7 +180,7 @@ def test_a_narrower_tokenizer_pads_the_model_vocabulary(target):
   """A tokenizer with fewer ids than the model (padded embeddings): the extra ids are
   never emitted."""
   narrow = jspec.Constraint.from_regex("[a-c]+", VOCAB[:40], eos_ids=[])
-  out = jspec.generate(perturbed(target, 0.0, seed=0), [[1, 2]], max_new_tokens=6,
+  out = jspec.generate(target, [[1, 2]], max_new_tokens=6,
                        temperature=1.0, constraint=narrow, eos_id=())
   assert np.all(np.asarray(out.tokens) < 40)
   assert re.fullmatch("[a-c]+", text_of(np.asarray(out.tokens[0])))
