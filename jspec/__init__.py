@@ -8,7 +8,7 @@ distribution exactly; greedy output equals the target's own greedy output.
 The package, in layers (docs/architecture.md):
 
     jspec.core      the model contract, decode state, rounds, acceptance, the loops
-    jspec.drafters  draft model, n-gram, datastore, Medusa, EAGLE
+    jspec.drafters  draft model, n-gram, datastore, suffix, lookahead, Medusa, EAGLE
     jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
     jspec.tools     the command line, measurement, benchmarks, profiles
     jspec.models    the model zoo (reference decoder, converters, training)
@@ -27,6 +27,7 @@ from jspec.core.tree import Tree
 from jspec.drafters.datastore import Datastore
 from jspec.drafters.draft_model import DraftModel
 from jspec.drafters.eagle import Eagle, EagleConfig
+from jspec.drafters.lookahead import Lookahead
 from jspec.drafters.medusa import Medusa
 from jspec.drafters.ngram import NGram
 from jspec.drafters.suffix import Suffix
@@ -48,6 +49,7 @@ __all__ = [
     "Eagle",
     "EagleConfig",
     "Logprobs",
+    "Lookahead",
     "Medusa",
     "Model",
     "NGram",

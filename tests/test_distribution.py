@@ -136,3 +136,20 @@ def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, to
     hist = np.asarray(spec.stats.accept_hist)
     assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"{name}: acceptance not exercised: {hist}"
     assert_counts_match(sequence_counts(spec.tokens), exact, f"suffix drafting, {name}")
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
+def test_lookahead_keeps_the_distribution(pair, temperature, top_k):
+  """Lookahead decoding: candidates from the pool (prompt n-grams, then the Jacobi
+  window's argmaxes, which ignore the sampling settings) verified as a tree of chains
+  beside the side branch: the counts follow the target's distribution."""
+  target, _ = pair
+  prompt = [1, 4, 2, 1, 4, 0, 1, 4]  # "1 4" continues two ways: candidates from round one
+  exact = exact_distribution(target, temperature, top_k, prompt=prompt)
+  drafter = jspec.Lookahead(V, window=2, ngram=3, guesses=2)
+  spec = jspec.speculative_generate(target, drafter, [prompt] * ROWS, num_draft_tokens=2,
+                                    max_new_tokens=NEW, temperature=temperature, top_k=top_k,
+                                    seed=2029)
+  hist = np.asarray(spec.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
+  assert_counts_match(sequence_counts(spec.tokens), exact, "lookahead")

@@ -23,7 +23,7 @@ from jspec.core import constrained, decode, dynamic, logprobs, schedule, shardin
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import DraftModel
-from jspec.core.drafter import Drafter, TreeDrafter
+from jspec.core.drafter import BranchDrafter, Drafter, TreeDrafter
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
 from jspec.core.tree import Tree
@@ -109,6 +109,9 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
   decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
 
+  `jspec.Lookahead` (Jacobi lookahead) needs no draft model: it builds its own verify
+  tree of candidate n-grams of at most K tokens and a lookahead branch from K.
+
   tree: a `jspec.Tree` to verify a static draft tree of N nodes per round instead
   of a chain (the drafter needs `propose_tree`: Medusa, EAGLE, a draft model, and the
   lookup drafters NGram, Datastore and Suffix).
@@ -140,6 +143,16 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   if drafter.vocab_size != target.vocab_size:
     raise ValueError(f"draft vocab size {drafter.vocab_size} != target vocab size "
                      f"{target.vocab_size}: drafts must be scored in the target's vocabulary")
+  side = None
+  if isinstance(drafter, BranchDrafter):  # lookahead: the drafter shapes the whole block
+    if tree is not None:
+      raise ValueError(f"{type(drafter).__name__} verifies its own tree; give num_draft_tokens "
+                       f"and not tree=")
+    if isinstance(K, schedule.AutoK):
+      raise ValueError(f"num_draft_tokens=\"auto\" does not serve {type(drafter).__name__}: "
+                       f"give an integer K")
+    tree, side = drafter.verify_tree(K), drafter.side_tree()
+    K = tree.max_depth
   if tree is not None:
     if not isinstance(drafter, TreeDrafter):
       raise TypeError(f"{type(drafter).__name__} cannot draft trees (it has no propose_tree); "
@@ -149,7 +162,7 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
                        "the slot axis of its K/V buffers")
   return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id,
               seed, prompt_lengths, cache_length, mesh, rules, tree, stream=stream,
-              logprob_spec=logprobs.as_spec(return_logprobs), constraint=constraint)
+              logprob_spec=logprobs.as_spec(return_logprobs), constraint=constraint, side=side)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -157,14 +170,14 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
 
 def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
          prompt_lengths, cache_length, mesh, rules, tree=None, stream=None,
-         logprob_spec=None, constraint=None) -> GenerateOutput:
+         logprob_spec=None, constraint=None, side=None) -> GenerateOutput:
   if stream is not None and stream is not True:
     if not callable(stream):
       raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
     with streaming.listening(stream):
       return _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
                   eos_id, seed, prompt_lengths, cache_length, mesh, rules, tree, stream=True,
-                  logprob_spec=logprob_spec, constraint=constraint)
+                  logprob_spec=logprob_spec, constraint=constraint, side=side)
   auto = K if isinstance(K, schedule.AutoK) else None
   if auto is not None:
     K = auto.max_k
@@ -185,7 +198,8 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   eos = eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = row_seeds(seed, B)
 
-  block = K + 1 if tree is None else tree.num_nodes  # slots one verify block needs
+  block = decode.DecodeConfig(num_draft_tokens=K, cache_length=0, tree=tree,
+                              side=side).block_width  # slots one verify block needs
   needed = int(lengths.max()) + int(max_new.max()) + block
   if target.max_length is not None and int(lengths.max()) + int(max_new.max()) > target.max_length:
     raise ValueError(
@@ -240,7 +254,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
       auto = dataclasses.replace(auto, choices=choices, costs=None)  # costs go in traced
       K = max(choices)
   config = decode.DecodeConfig(num_draft_tokens=K, cache_length=S, layout=layout, tree=tree,
-                               stream=stream is True, logprobs=logprob_spec)
+                               stream=stream is True, logprobs=logprob_spec, side=side)
   tokens_, lengths_, max_new_, seeds_ = rows[:4]
   params = None
   if not greedy:

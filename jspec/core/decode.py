@@ -64,16 +64,23 @@ class DecodeConfig:
   tree: Tree | None = None  # verify a static draft tree of N nodes instead of a chain
   stream: bool = False  # send committed tokens to the host after every round (streaming.py)
   logprobs: logprobs_lib.Logprobs | None = None  # record emitted tokens' log-probabilities
+  # A BranchDrafter's side branch (lookahead): M more nodes in each verify call, computed
+  # for the drafter only (`tree.with_side`). Needs a tree.
+  side: Tree | None = None
 
   def __post_init__(self):
     if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
       raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must equal the tree's depth "
                        f"({self.tree.max_depth})")
+    if self.side is not None and self.tree is None:
+      raise ValueError("a side branch hangs under a verify tree: give tree= as well")
 
   @property
   def block_width(self) -> int:
-    """Tokens per verify call: K + 1 for a chain, N for a tree."""
-    return self.num_draft_tokens + 1 if self.tree is None else self.tree.num_nodes
+    """Tokens per verify call: K + 1 for a chain, N for a tree (+ M side nodes)."""
+    if self.tree is None:
+      return self.num_draft_tokens + 1
+    return self.tree.num_nodes + (0 if self.side is None else self.side.num_nodes - 1)
 
 
 @jax.tree_util.register_dataclass
@@ -206,7 +213,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
         target, drafter, state, context, start, last, K, draft_keys, accept_keys)
   else:
     n, emitted, cache, drafter_state, hidden, scores = _tree(
-        target, drafter, state, context, start, last, config.tree, draft_keys, accept_keys)
+        target, drafter, state, context, start, last, config.tree, draft_keys, accept_keys,
+        config.side)
   records = None
   if config.logprobs is not None:
     with jax.named_scope("logprobs"):
@@ -260,17 +268,28 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
   return n, emitted, cache, drafter_state, hidden, (logits, p)
 
 
-def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys):
+def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys,
+          side: Tree | None = None):
   """Draft a tree, verify its N nodes in one call with the ancestor mask, accept a
   path, compact its K/V (see `jspec.core.tree`). Returns as `_chain`, emitted and hidden
-  [B, D+1] / [B, D+1, D] along the accepted path."""
+  [B, D+1] / [B, D+1, D] along the accepted path. With a side branch (a BranchDrafter)
+  its M nodes ride in the same call after the tree's; the drafter gets their argmax."""
   candidates, drafter_state = drafter.propose_tree(state.drafter_state, context, topology,
                                                    state.params, draft_keys)  # [B, N-1]
   block = jnp.concatenate([last, candidates.astype(jnp.int32)], axis=1)  # [B, N]
+  N = topology.num_nodes
+  if side is None:
+    full, mask, depth = block, topology.ancestors, topology.depths
+  else:
+    full = jnp.concatenate([block, drafter.side_tokens(drafter_state).astype(jnp.int32)], axis=1)
+    mask, depth = tree_lib.with_side(topology, side)
   with jax.named_scope("target_verify_tree"):
-    logits, hidden, cache = target.apply(block, state.target_cache, start,
-                                         block_mask=jnp.asarray(topology.ancestors),
-                                         depth=jnp.asarray(topology.depths))
+    logits, hidden, cache = target.apply(full, state.target_cache, start,
+                                         block_mask=jnp.asarray(mask), depth=jnp.asarray(depth))
+  if side is not None:
+    predictions = sampling.greedy_tokens(logits[:, N:])  # [B, M]
+    logits = logits[:, :N]
+    hidden = None if hidden is None else hidden[:, :N]
   if state.constraint is not None:
     with jax.named_scope("constraint"):
       states = constrained.along_tree(state.constraint, block, topology)
@@ -284,6 +303,8 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
       node, next_token = tree_lib.accept_sampled(p, candidates, topology, accept_keys)
   path = tree_lib.path_nodes(node, topology)  # [B, D+1]
   n = jnp.asarray(topology.depths)[node]  # [B] accepted drafts
+  if side is not None:
+    drafter_state = drafter.after_verify(drafter_state, context, predictions, n)
   with jax.named_scope("compact"):
     cache = tree_lib.compact(cache, _cache_axes(target), start, path, topology.num_nodes)
   D = topology.max_depth

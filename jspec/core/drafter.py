@@ -37,6 +37,13 @@ which a drafter has; nothing else is probed):
     CatchUpDrafter: sync(state, context, synced) -> state
         a drafter with state (a draft model's KV cache) that rounds without drafting
         leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`).
+    BranchDrafter: a TreeDrafter that also has the target compute a side branch
+        for it in the same call (lookahead decoding): verify_tree(K) -> Tree, the
+        candidates' static tree; side_tree() -> Tree, the side branch hung under
+        the same root; side_tokens(state) -> [B, M]; after_verify(state, context,
+        predictions [B, M], accepted [B]) -> state, with the target's argmax at
+        each side node and the round's accepted drafts. Side nodes are never
+        accepted; their K/V go to scratch slots past the tree's.
     ObservingDrafter: observe(state, context) -> state
         a feature drafter with state built from the target's features (EAGLE's
         K/V cache): `"auto"` calls it at the start of each round that does not draft,
@@ -128,6 +135,25 @@ class LookupDrafter(Protocol):
   def lookup(self, context: DraftContext, num_drafts: int) -> tuple[jax.Array, jax.Array]:
     """(drafts [B, K] int32, count [B] int32): the first `count` drafts are proposals,
     the rest placeholders."""
+
+
+@runtime_checkable
+class BranchDrafter(Protocol):
+  """A tree drafter whose verify call also computes a side branch for it (lookahead)."""
+
+  def verify_tree(self, num_drafts: int) -> Any:
+    """The static `jspec.Tree` of candidates for K = num_drafts (depth <= K)."""
+
+  def side_tree(self) -> Any:
+    """The side branch as a `jspec.Tree` whose root is the verify tree's root."""
+
+  def side_tokens(self, state: Any) -> jax.Array:
+    """[B, M] int32 the side branch's tokens, node i at column i-1."""
+
+  def after_verify(self, state: Any, context: DraftContext, predictions: jax.Array,
+                   accepted: jax.Array) -> Any:
+    """The state after a round: predictions [B, M] the target's argmax at each side
+    node, accepted [B] the drafts the round accepted; context as the round began."""
 
 
 @runtime_checkable

@@ -195,6 +195,22 @@ class Tree:
     return float(value.sum())
 
 
+@functools.lru_cache(maxsize=None)
+def with_side(tree: Tree, side: Tree) -> tuple[np.ndarray, np.ndarray]:
+  """The verify block of a tree plus a side branch under the same root (a
+  `BranchDrafter`'s): bool [N+M, N+M] visibility and int32 [N+M] depths, side node i
+  (i >= 1) at block index N-1+i. Side nodes see the root and their own ancestors;
+  tree nodes never see side nodes, so the tree's logits are what they would be alone.
+  """
+  N, M = tree.num_nodes, side.num_nodes - 1
+  mask = np.zeros((N + M, N + M), bool)
+  mask[:N, :N] = tree.ancestors
+  index = np.concatenate([[0], np.arange(N, N + M)])  # side node -> block index
+  mask[np.ix_(index[1:], index)] = side.ancestors[1:]
+  depths = np.concatenate([tree.depths, side.depths[1:]]).astype(np.int32)
+  return mask, depths
+
+
 # ----------------------------------------------------------------------------- ranking
 
 

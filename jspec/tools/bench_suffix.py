@@ -45,16 +45,16 @@ def sources(count: int) -> list[tuple[str, str]]:
   return out
 
 
-def run(target, conversations: int = 4, k: int = 4, max_new_tokens: int = 96, repeats: int = 2,
-        memory_size: int = 4096, log=print) -> dict:
-  """Per turn and over all: tau and time of plain, n-gram and suffix-with-memory decoding."""
+def conversation_calls(target, conversations: int = 4, max_new_tokens: int = 96,
+                       memory_size: int = 4096) -> list[tuple[list[int], object, int]]:
+  """The multi-turn set: [(prompt ids, suffix memory before the call, turn)], each turn's
+  prompt holding the whole history with the model's own greedy answers."""
   import jspec
   from jspec.drafters.suffix import SuffixMemory, remember
 
   tok = target.tokenizer
-  ngram = jspec.NGram(target.vocab_size)
   memory = SuffixMemory.empty(memory_size)
-  calls = []  # (prompt ids, memory before the call, turn)
+  calls = []
   for name, code in sources(conversations):
     history = []
     for turn, template in enumerate(TURNS):
@@ -66,6 +66,16 @@ def run(target, conversations: int = 4, k: int = 4, max_new_tokens: int = 96, re
       history.append({"role": "assistant", "content": tok.decode(answer)})
       calls.append((ids, memory, turn))
       memory = remember(memory, base.tokens, base.lengths)
+  return calls
+
+
+def run(target, conversations: int = 4, k: int = 4, max_new_tokens: int = 96, repeats: int = 2,
+        memory_size: int = 4096, log=print) -> dict:
+  """Per turn and over all: tau and time of plain, n-gram and suffix-with-memory decoding."""
+  import jspec
+
+  ngram = jspec.NGram(target.vocab_size)
+  calls = conversation_calls(target, conversations, max_new_tokens, memory_size)
   log(f"{len(calls)} calls ({conversations} conversations x {len(TURNS)} turns); prompts "
       f"{min(len(c[0]) for c in calls)}-{max(len(c[0]) for c in calls)} tokens")
 
