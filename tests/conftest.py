@@ -201,12 +201,16 @@ SLOW_TESTS = {  # every case
     "test_cost_model.py::test_the_device_probe_measures_sane_rates",  # 512 MB, several compiles
     # A tool's report (its parts, acceptance per position and prompt reading, stay fast).
     "test_measure.py::test_report_with_a_lookup_drafter",
+    "test_measure.py::test_report_with_lookahead_counts_its_whole_verify_block",
+    # Lookahead's sampled exactness (enumeration); its greedy equality stays fast.
+    "test_distribution.py::test_lookahead_keeps_the_distribution",
 }
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",
     "test_logprobs.py::test_logprobs_equal_a_full_forward",
     "test_constrained.py::test_greedy_constrained_speculative_equals_baseline",
     "test_suffix.py::test_greedy_equals_baseline",
+    "test_lookahead.py::test_greedy_equals_baseline",
     "test_generate.py::test_stream_sends_every_committed_token_in_order",
     "test_generate.py::test_static_greedy_equals_zero_temperature_params",
     "test_checkpoint.py::test_round_trip_identical_params_and_logits",

@@ -60,6 +60,13 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
   assert set(report["batch_sweep"]) == {"1", "2"}
   for b in ("1", "2"):
     assert all(r["equal_to_baseline"] for r in report["batch_sweep"][b]["rows"].values())
+  assert set(report["latency"]) == {"1", "2"}
+  for b in ("1", "2"):  # every variant's percentiles, in order
+    assert set(report["latency"][b]) == {"baseline", "draft@2", "draft@auto", "ngram@2",
+                                         "ngram@auto"}
+    for stats in report["latency"][b].values():
+      for key in ("request_ms", "itl_ms"):
+        assert 0 <= stats[key]["p50"] <= stats[key]["p90"] <= stats[key]["p99"], stats
   assert set(report["tasks"]) == {"restate", "sampled"}
   fl = report["floor"]
   assert fl["weight_bytes"] == sum(x.nbytes for x in
@@ -68,9 +75,9 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
   with open(tmp_path / "out" / "bench.json") as f:
     assert json.load(f)["k_sweep"]["rows"].keys() == rows.keys()
   assert sorted(os.path.basename(p) for p in report["figures"]) == [
-      "speedup_vs_batch.png", "speedup_vs_k.png"]
+      "latency_vs_batch.png", "speedup_vs_batch.png", "speedup_vs_k.png"]
   text = bench_report.summary(report)
-  assert "draft@auto" in text and "floor" in text
+  assert "draft@auto" in text and "floor" in text and "inter-token latency" in text
   # Redoing one section keeps the others from the last run's bench.json.
   again = bench.run(target, draft, heldout(48), s, str(tmp_path / "out"), sections=("floor",))
   assert again["k_sweep"] == json.loads(json.dumps(report["k_sweep"]))

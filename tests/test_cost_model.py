@@ -106,6 +106,19 @@ def test_select_keeps_zero_and_the_k_that_win_most():
     schedule.AutoK(variants=1)
 
 
+def test_an_itl_bound_drops_the_rounds_that_would_break_it():
+  costs = (1.0, 1.08, 1.3, 1.6)
+  assert schedule.select(schedule.AutoK(choices=(0, 1, 2, 4), itl_bound=1.1), costs) == (
+      (0, 1), (1.0, 1.08))
+  assert schedule.select(schedule.AutoK(choices=(0, 1, 2, 4), itl_bound=2.0), costs)[0] == (
+      0, 1, 2, 4)
+  # Nothing within the bound: plain decoding only (the call then runs no drafter).
+  assert schedule.select(schedule.AutoK(choices=(0, 2, 4), itl_bound=1.1), (1.0, 1.3, 1.6))[0] \
+      == (0,)
+  with pytest.raises(ValueError, match="itl_bound"):
+    schedule.AutoK(itl_bound=0.9)
+
+
 def test_the_device_probe_measures_sane_rates():
   rates = cost_model.DeviceRates.measure(repeats=1)
   assert rates.rows == cost_model.ROWS and rates.bandwidth > 1e9

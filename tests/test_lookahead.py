@@ -18,24 +18,28 @@ from conftest import ragged_prompts
 
 # ----------------------------------------------------------------------------- the pool
 
+# Jitted once per shape: eagerly, each of these runs dozens of small programs.
+_insert = jax.jit(ngram_pool.insert)
+_newest = jax.jit(ngram_pool.newest, static_argnums=2)
+
 
 def test_pool_keeps_unique_ngrams_newest_first():
   pool = ngram_pool.NGramPool.empty(1, 4, 2)
   keys = jnp.asarray([[5, 5, 6, 5]])
   grams = jnp.asarray([[[1, 2], [3, 4], [1, 2], [1, 2]]])
   valid = jnp.asarray([[True, True, True, False]])
-  pool = ngram_pool.insert(pool, keys, grams, valid)
+  pool = _insert(pool, keys, grams, valid)
   assert int(pool.write[0]) == 3
-  got, found = ngram_pool.newest(pool, jnp.asarray([5]), 3)
+  got, found = _newest(pool, jnp.asarray([5]), 3)
   assert found.tolist() == [[True, True, False]]
   assert got.tolist()[0][:2] == [[3, 4], [1, 2]]  # newest first
   # (5: 1 2) again, twice in one batch: written once, now the newest.
-  pool = ngram_pool.insert(pool, jnp.asarray([[5, 5]]), jnp.asarray([[[1, 2], [1, 2]]]),
+  pool = _insert(pool, jnp.asarray([[5, 5]]), jnp.asarray([[[1, 2], [1, 2]]]),
                            jnp.asarray([[True, True]]))
-  got, found = ngram_pool.newest(pool, jnp.asarray([5]), 3)
+  got, found = _newest(pool, jnp.asarray([5]), 3)
   assert found.tolist() == [[True, True, False]] and got.tolist()[0][:2] == [[1, 2], [3, 4]]
   # The ring: more than P entries keep the newest P.
-  many = ngram_pool.insert(pool, jnp.arange(6)[None, :] + 10, jnp.zeros((1, 6, 2), jnp.int32),
+  many = _insert(pool, jnp.arange(6)[None, :] + 10, jnp.zeros((1, 6, 2), jnp.int32),
                            jnp.ones((1, 6), bool))
   assert sorted(np.asarray(many.keys)[0].tolist()) == [12, 13, 14, 15]
 
@@ -135,16 +139,16 @@ def test_window_moves_with_accepted_drafts():
   target's argmax shifted by accepted, and the columns' n-grams are pooled."""
   la = Lookahead(16, window=3, ngram=3, guesses=1)
   tokens = jnp.asarray([[1, 2, 3, 0, 0, 0, 0, 0]], jnp.int32)
-  state = la.init(tokens, jnp.asarray([3]), 8)
+  state = jax.jit(la.init, static_argnums=2)(tokens, jnp.asarray([3]), 8)
   state = dataclasses.replace(state, window=jnp.asarray([[[4, 5, 0], [6, 7, 8]]], jnp.int32))
   side, cells = _side(3, 3)
   predictions = jnp.zeros((1, side.num_nodes - 1), jnp.int32)
   top = [cells.index((1, i)) for i in range(3)]
   predictions = predictions.at[0, jnp.asarray(top)].set(jnp.asarray([9, 10, 11]))
   context = DraftContext(tokens=tokens, lengths=jnp.asarray([3]))
-  moved = la.after_verify(state, context, predictions, jnp.asarray([1]))
+  moved = jax.jit(la.after_verify)(state, context, predictions, jnp.asarray([1]))
   assert moved.window.tolist() == [[[8, 6, 7], [10, 11, 9]]]
   # Columns' n-grams: (root 3: 6 9), (a0 4: 7 10), (a1 5: 8 11).
   for key, gram in ((3, [6, 9]), (4, [7, 10]), (5, [8, 11])):
-    got, found = ngram_pool.newest(moved.pool, jnp.asarray([key]), 1)
+    got, found = _newest(moved.pool, jnp.asarray([key]), 1)
     assert bool(found[0, 0]) and got.tolist()[0][0] == gram

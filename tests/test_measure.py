@@ -70,6 +70,16 @@ def test_report_with_a_lookup_drafter(target):
   assert 0.0 <= row["alpha"] <= 1.0 and row["equal_to_baseline"] is True
 
 
+def test_report_with_lookahead_counts_its_whole_verify_block(target):
+  la = jspec.Lookahead(target.vocab_size, window=3, ngram=3, guesses=2)
+  assert measure.verify_width(la, 2) == 1 + 2 * 2 + 2 + 3  # tree, then the side branch
+  assert measure.verify_width(jspec.NGram(target.vocab_size), 2) == 3
+  report = measure.measure(target, la, [[1, 2, 3, 4, 1, 2, 3]], ks=(2,), max_new_tokens=8,
+                           repeats=1)
+  row = report["rows"][0]
+  assert row["equal_to_baseline"] is True and row["t_draft_round_ms"] == 0.0
+
+
 def test_measure_rejects_bad_settings(target):
   with pytest.raises(ValueError, match="ks"):
     measure.measure(target, target, [[1, 2]], ks=(0,))

@@ -67,6 +67,12 @@ class AutoK:
     None: 3 of the default choices, or every one of choices given explicitly.
   cache_dir: a folder of saved profiles (`jspec profile --cache-dir`); None: the
     default, $JSPEC_CACHE_DIR or ~/.cache/jspec. Read only; nothing is timed in a call.
+  itl_bound: a bound on the tail of the inter-token latency, as a multiple of plain
+    decoding's (e.g. 1.1). The first token of a round waits for the whole round and
+    the others arrive with it, so the p99 wait between tokens is the costliest
+    round's time once rounds that deliver one token are common (they are wherever
+    acceptance is low): a K whose round costs more than itl_bound plain rounds is
+    never compiled. With no K left the call runs plain decoding. None: no bound.
   """
 
   choices: tuple[int, ...] = DEFAULT_CHOICES
@@ -79,6 +85,7 @@ class AutoK:
   costs: tuple[float, ...] | None = None
   variants: int | None = None
   cache_dir: str | None = None
+  itl_bound: float | None = None
 
   def __post_init__(self):
     ks = self.choices
@@ -102,7 +109,9 @@ class AutoK:
                                    or not all(float(c) > 0 for c in self.costs)):
       raise ValueError(f"AutoK.costs must hold one positive cost per choice {ks}, "
                        f"got {self.costs!r}")
-
+    if self.itl_bound is not None and not float(self.itl_bound) >= 1.0:
+      raise ValueError(f"AutoK.itl_bound must be >= 1 (plain decoding's own latency), "
+                       f"got {self.itl_bound!r}")
     if self.variants is not None and (isinstance(self.variants, bool)
                                       or not isinstance(self.variants, int) or self.variants < 2):
       raise ValueError(f"AutoK.variants must be an integer >= 2 (K = 0 and one K >= 1), "
@@ -132,7 +141,8 @@ def expected_tokens(a, ks):
 
 
 def worthwhile(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
-  """The choices (and their costs) that can beat plain decoding at `auto.ceiling`.
+  """The choices (and their costs) that can beat plain decoding at `auto.ceiling`,
+  and whose round costs at most `auto.itl_bound` plain rounds when that is set.
 
   0 is always kept when it was offered. Returns the pruned (choices, costs).
   """
@@ -141,6 +151,8 @@ def worthwhile(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
   rate = expected_tokens(np.float64(auto.ceiling), ks) / c
   base = rate[ks == 0][0] if np.any(ks == 0) else 0.0
   keep = (ks == 0) | (rate > base)
+  if auto.itl_bound is not None and np.any(ks == 0):
+    keep &= (ks == 0) | (c <= float(auto.itl_bound) * c[ks == 0][0])
   return (tuple(int(k) for k in ks[keep]), tuple(float(x) for x in c[keep]))
 
 

