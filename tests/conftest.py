@@ -202,6 +202,12 @@ SLOW_TESTS = {  # every case
     # A tool's report (its parts, acceptance per position and prompt reading, stay fast).
     "test_measure.py::test_report_with_a_lookup_drafter",
     "test_measure.py::test_report_with_lookahead_counts_its_whole_verify_block",
+    # Kept fast by test_logprobs_equal_a_full_forward's first case, the GGUF logits parity,
+    # test_drafts_stay_in_the_set_and_q_is_zero_outside.
+    "test_logprobs.py::test_speculative_records_what_baseline_records",
+    "test_gguf.py::test_greedy_decoding_from_a_gguf_equals_transformers",
+    "test_gguf.py::test_speculative_on_a_gguf_target_is_exact",
+    "test_reduced_vocab.py::test_the_set_reaches_the_decoding_program",
     # Lookahead's sampled exactness (enumeration); its greedy equality stays fast.
     "test_distribution.py::test_lookahead_keeps_the_distribution",
 }
@@ -211,6 +217,7 @@ FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_constrained.py::test_greedy_constrained_speculative_equals_baseline",
     "test_suffix.py::test_greedy_equals_baseline",
     "test_lookahead.py::test_greedy_equals_baseline",
+    "test_tree.py::test_features_reach_the_drafter",
     "test_generate.py::test_stream_sends_every_committed_token_in_order",
     "test_generate.py::test_static_greedy_equals_zero_temperature_params",
     "test_checkpoint.py::test_round_trip_identical_params_and_logits",
