@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from jspec.drafters import eagle as E
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import DraftContext, target_for
 from jspec.models import trainer
 
 ACCEPT_K = 4
@@ -66,6 +66,9 @@ class EagleTrainConfig:
   b2: float = 0.95
   feature_noise: float = 0.1  # input features get uniform(-a, a) noise; 0 disables
   cls_weight: float = 0.1  # weight of the cross-entropy term
+  # EAGLE-3 heads: drafting steps unrolled on the head's own outputs ("training-time
+  # test"); the loss averages their cross-entropies. EAGLE-1 heads train on step 1 only.
+  ttt_steps: int = 3
   checkpoint_every: int = 100
   seed: int = 0
 
@@ -74,6 +77,8 @@ class EagleTrainConfig:
       raise ValueError(f"steps, batch_size must be >= 1 and seq_len >= 2: {self}")
     if not 0 <= self.warmup_steps < self.steps:
       raise ValueError(f"warmup_steps must lie in [0, steps), got {self.warmup_steps}")
+    if self.ttt_steps < 1 or self.ttt_steps > self.seq_len:
+      raise ValueError(f"ttt_steps must lie in [1, seq_len], got {self.ttt_steps}")
     if self.feature_noise < 0 or self.cls_weight < 0:
       raise ValueError(f"feature_noise and cls_weight must be >= 0: {self}")
 
@@ -97,6 +102,51 @@ def features_for_training(eagle: E.Eagle, params, hidden: jax.Array, tokens: jax
   return out
 
 
+def ttt_mask(T: int, step: int, steps: int) -> jax.Array:
+  """visible [T, steps * T] of drafting step `step` (0-based) in a training-time test.
+
+  The head's cache holds each step's pairs at slots r * T + p (step r, position p).
+  Drafting step s at position j stands for the s-th draft after a catch-up that ended
+  at position j - s: it sees the true pairs up to j - s and the pairs its own earlier
+  steps fed at j - s + 1 .. j (step r at j - s + r), as `Eagle.propose` does.
+  """
+  j = np.arange(T)[:, None]
+  r, p = np.divmod(np.arange(steps * T)[None, :], T)
+  true = (r == 0) & (p <= j - step)
+  own = (r >= 1) & (r <= step) & (p == j - step + r)
+  return jnp.asarray(true | own)
+
+
+def ttt_features(eagle: E.Eagle, params, features: jax.Array, tokens: jax.Array,
+                 steps: int, noise: jax.Array | None = None) -> list[jax.Array]:
+  """Training-time test (EAGLE-3): the head run `steps` drafting steps over a window.
+
+  features [B, T, n * D] the target's features for tokens [B, T]. Step 0 is the
+  teacher-forced pass (pairs (fuse(h_{j-1}), e(t_j))); step s feeds the head's own
+  step s-1 output at j-1 in place of the target's feature, under `ttt_mask`, so the
+  head learns from the inputs it meets when it drafts several tokens. Returns each
+  step's outputs [B, T, D]; entries at j < s stand for no real round (mask them).
+  """
+  B, T, _ = features.shape
+  D = eagle.config.hidden_size
+  dtype = params["fc"]["kernel"].dtype
+  fused = eagle.fuse(params, features)
+  if noise is not None:
+    fused = fused + noise.astype(fused.dtype)
+  zeros = jnp.zeros((B, 1, D), fused.dtype)
+  prev = jnp.concatenate([zeros, fused[:, :-1]], axis=1)
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+  cache = eagle.init_cache(B, steps * T, dtype)
+  outs = []
+  for s in range(steps):
+    visible = jnp.broadcast_to(ttt_mask(T, s, steps)[None], (B, T, steps * T))
+    out, cache = eagle.forward(params, prev, tokens, cache, s * T + positions, positions,
+                               visible)
+    outs.append(out)
+    prev = jnp.concatenate([zeros.astype(out.dtype), out[:, :-1]], axis=1)
+  return outs
+
+
 def make_optimizer(cfg: EagleTrainConfig) -> optax.GradientTransformation:
   """`trainer.make_optimizer`: decay on matrices only, warmup + cosine."""
   return trainer.make_optimizer(cfg)
@@ -106,21 +156,51 @@ def make_optimizer(cfg: EagleTrainConfig) -> optax.GradientTransformation:
 
 
 def target_features(target, tokens):
-  """The frozen target on windows tokens [B, T]: features h [B, T, D] and f32 logits [B, T, V]."""
+  """The frozen target on windows tokens [B, T]: features h [B, T, D] (or the fused
+  layers' [B, T, n * D]: pass `target_for(target, eagle)`) and f32 logits [B, T, V]."""
   start = jnp.zeros((tokens.shape[0],), jnp.int32)
   logits, hidden, _ = target.apply(tokens, None, start)
   return jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(logits)
 
 
+def eagle3_loss(params, eagle: E.Eagle, tokens, features, target_logits, noise=None,
+                steps: int = 3):
+  """EAGLE-3's objective: the mean over `steps` training-time-test steps of the
+  cross-entropy against the target's distributions (no feature regression: the head's
+  features are free, only its tokens matter). A reduced-vocabulary head (`ids`) is
+  scored over its ids against the target's probability of each. Metrics: ce and top1
+  of the first step, top1 of the last."""
+  outs = ttt_features(eagle, params, features, tokens, steps, noise)
+  p = jax.nn.softmax(target_logits.astype(jnp.float32), axis=-1)  # [B, T, V]
+  best = jnp.argmax(target_logits, -1)
+  if eagle.ids is not None:
+    p = jnp.take(p, eagle.ids, axis=-1)  # [B, T, N]: mass outside the ids is unreachable
+  T = tokens.shape[1]
+  ces, top1s = [], []
+  for s, out in enumerate(outs):
+    scores = eagle.draft_scores(out, params)  # [B, T, V or N]
+    valid = (jnp.arange(T) >= s).astype(jnp.float32)[None, :]  # [1, T]
+    ce = -jnp.sum(p * jax.nn.log_softmax(scores, axis=-1), axis=-1)  # [B, T]
+    hit = (eagle._token(jnp.argmax(scores, -1)) == best).astype(jnp.float32)
+    norm = jnp.sum(valid) * tokens.shape[0]
+    ces.append(jnp.sum(ce * valid) / norm)
+    top1s.append(jnp.sum(hit * valid) / norm)
+  loss = sum(ces) / steps
+  return loss, {"ce": ces[0], "top1": top1s[0], "top1_last": top1s[-1]}
+
+
 def eagle_loss(params, eagle: E.Eagle, tokens, hidden, target_logits, noise=None,
-               cls_weight: float = 0.1):
+               cls_weight: float = 0.1, ttt_steps: int = 3):
   """EAGLE's objective on one batch; returns (loss, metrics).
 
-  tokens [B, T], hidden [B, T, D] and target_logits [B, T, V] from the frozen
-  target; noise [B, T, D] or None on the input features. Metrics: feature loss
-  (mean smooth-L1 per element), cross-entropy against the target's
-  distributions, and top-1 agreement of the head's argmax with the target's.
+  tokens [B, T], hidden [B, T, D] (EAGLE-3: the fused layers' [B, T, n * D]) and
+  target_logits [B, T, V] from the frozen target; noise [B, T, D] or None on the
+  input features. EAGLE-1 metrics: feature loss (mean smooth-L1 per element),
+  cross-entropy against the target's distributions, and top-1 agreement of the
+  head's argmax with the target's. EAGLE-3 heads: `eagle3_loss`.
   """
+  if eagle.config.fused:
+    return eagle3_loss(params, eagle, tokens, hidden, target_logits, noise, ttt_steps)
   f = features_for_training(eagle, params, hidden, tokens, noise)  # [B, T, D]
   reg = jnp.mean(optax.huber_loss(f, hidden.astype(f.dtype), delta=1.0))  # smooth-L1, beta 1
   logits = eagle.logits(f)  # [B, T, V] f32
@@ -141,13 +221,14 @@ def make_step(cfg: EagleTrainConfig):
 
   @jax.jit
   def step(params, opt_state, eagle, target, tokens, key):
-    hidden, logits = target_features(target, tokens)
+    hidden, logits = target_features(target_for(target, eagle), tokens)
     noise = None
     if cfg.feature_noise > 0:
-      noise = jax.random.uniform(key, hidden.shape, hidden.dtype, -cfg.feature_noise,
+      shape = hidden.shape[:2] + (eagle.config.hidden_size,)  # on the head's input features
+      noise = jax.random.uniform(key, shape, hidden.dtype, -cfg.feature_noise,
                                  cfg.feature_noise)
     (loss, metrics), grads = jax.value_and_grad(eagle_loss, has_aux=True)(
-        params, eagle, tokens, hidden, logits, noise, cfg.cls_weight)
+        params, eagle, tokens, hidden, logits, noise, cfg.cls_weight, cfg.ttt_steps)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, metrics
 
@@ -159,7 +240,7 @@ def make_step(cfg: EagleTrainConfig):
 
 @jax.jit
 def _eval_batch(eagle, target, tokens):
-  hidden, logits = target_features(target, tokens)
+  hidden, logits = target_features(target_for(target, eagle), tokens)
   _, metrics = eagle_loss(eagle.params, eagle, tokens, hidden, logits)
   return metrics
 
@@ -212,7 +293,7 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
   ref = jspec.generate(target, prompts.tolist(), max_new_tokens=new_tokens, eos_id=())
   seq = np.concatenate([prompts, np.asarray(ref.tokens)], axis=1)  # [N, P + new]
   total = seq.shape[1]
-  hidden = np.concatenate([np.asarray(target_features(target, jnp.asarray(seq[i:i + 16]))[0])
+  hidden = np.concatenate([np.asarray(target_features(target_for(target, eagle), jnp.asarray(seq[i:i + 16]))[0])
                            for i in range(0, N, 16)])  # [N, total, D]
   S = total + k + 2
   F = k + 1

@@ -126,6 +126,9 @@ class TransformerConfig:
   # Axis order of the K/V cache buffers; None: chosen by the backend the cache is made
   # on (`layers.kv_layout_for`: XLA CPU's order on CPU, slot-major elsewhere).
   kv_layout: KVLayout | None = None
+  # Layers (0-based) whose outputs `apply` returns as `hidden`, concatenated along the
+  # last axis; empty: the final normed hidden state (`with_feature_layers`).
+  feature_layers: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.num_key_value_heads is None:
@@ -134,6 +137,11 @@ class TransformerConfig:
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
     if self.layer_types is not None:
       object.__setattr__(self, "layer_types", tuple(self.layer_types))
+    object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+    bad = [i for i in self.feature_layers if not 0 <= i < int(self.num_hidden_layers)]
+    if bad:
+      raise ValueError(f"feature_layers {bad} outside the model's {self.num_hidden_layers} "
+                       f"layers (0-based)")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "head_dim",
                  "max_position_embeddings"):
@@ -395,17 +403,20 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     # Training and full-sequence passes: one scan, compile time independent of depth.
     def scanned(x, inputs):
       w, window = inputs
-      return layer(x, w, None, window, False)[0], None
+      x = layer(x, w, None, window, False)[0]
+      return x, (x if c.feature_layers else None)
 
     windows = jnp.asarray(c.windows(), jnp.int32)
-    x, _ = lax.scan(scanned, x, (params["layers"], windows))
+    x, every = lax.scan(scanned, x, (params["layers"], windows))
+    features = [every[i] for i in c.feature_layers]
   else:
     # Decoding: layers unrolled over per-layer weights and per-layer cache buffers.
     per_layer = unstack(c, params)["layers"]
-    new_k, new_v = [], []
+    new_k, new_v, features = [], [], []
     for i, window in enumerate(c.windows()):
       layer_cache = None if cache is None else {"k": cache["k"][i], "v": cache["v"][i]}
       x, layer_cache = layer(x, per_layer[i], layer_cache, window, True)
+      features += [x] * c.feature_layers.count(i)
       if layer_cache is not None:
         new_k.append(layer_cache["k"])
         new_v.append(layer_cache["v"])
@@ -422,6 +433,8 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
                         preferred_element_type=jnp.float32)
   if c.final_logit_softcapping:
     logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+  if c.feature_layers:  # intermediate features instead of the final hidden state
+    hidden = jnp.concatenate(features, axis=-1)  # [B, T, len(feature_layers) * D]
   return logits, hidden, cache
 
 
@@ -504,6 +517,12 @@ def output_head(config: TransformerConfig, params: dict) -> OutputHead:
                     final_logit_softcapping=float(softcap) if softcap else None)
 
 
+def with_feature_layers(config: TransformerConfig, layers) -> TransformerConfig:
+  """The model contract's optional `features_fn`: `config` returning the outputs of
+  decoder layers `layers` (0-based) as `hidden`, concatenated."""
+  return dataclasses.replace(config, feature_layers=tuple(layers))
+
+
 def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
   """Wrap `params` of this architecture as a `jspec.Model` (with sharding axes, the
   decoding form and the output head).
@@ -511,7 +530,8 @@ def make_model(config: TransformerConfig, params: dict, **extra) -> Model:
   `extra`: other `Model` fields, e.g. tokenizer= or eos_ids=.
   """
   return Model(params=params, config=config, apply_fn=apply, init_cache_fn=init_cache,
-               axes_fn=logical_axes, prepare_fn=unstack, head_fn=output_head, **extra)
+               axes_fn=logical_axes, prepare_fn=unstack, head_fn=output_head,
+               features_fn=with_feature_layers, **extra)
 
 
 def init(config: TransformerConfig, seed: int = 0, dtype=jnp.float32) -> Model:

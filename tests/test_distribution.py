@@ -99,17 +99,21 @@ def test_reduced_vocabulary_draft_keeps_the_distribution(pair, temperature, top_
   assert_counts_match(counts, exact, "reduced-vocabulary speculative")
 
 
+@pytest.mark.parametrize("layers", [(), (0, 0)], ids=["eagle1", "eagle3"])
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
-def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_k):
+def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_k, layers):
   """An EAGLE head drafting over 4 of the 6 ids: the same exactness, through the
-  feature drafter's sampled chain (q spread over V, zero at ids 1 and 4)."""
+  feature drafter's sampled chain (q spread over V, zero at ids 1 and 4). EAGLE-3:
+  the head fuses target layer outputs (the one layer twice: a [2D, D] fusion) and
+  normalises its own outputs before the LM head."""
   import jax
   from jspec.drafters import eagle as E
   target, _ = pair
   exact = exact_distribution(target, temperature, top_k)
-  head = E.init_params(E.EagleConfig.for_target(target.config), jax.random.key(3))
+  config = E.EagleConfig.for_target(target.config, feature_layers=layers)
+  head = E.init_params(config, jax.random.key(3))
   head = jax.tree_util.tree_map(lambda x: x * 3.0, head)  # peaked drafts, often wrong
-  reduced = jspec.Eagle.from_target(target, head).reduced([0, 2, 3, 5])
+  reduced = jspec.Eagle.from_target(target, head, config).reduced([0, 2, 3, 5])
   spec = jspec.speculative_generate(target, reduced, [PROMPT] * ROWS, num_draft_tokens=2,
                                     max_new_tokens=NEW, temperature=temperature, top_k=top_k,
                                     seed=2026)

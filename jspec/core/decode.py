@@ -49,7 +49,7 @@ from jspec.core import logprobs as logprobs_lib
 from jspec.core import stats as stats_lib
 from jspec.core.stats import DecodeStats
 from jspec.core import tree as tree_lib
-from jspec.core.drafter import DraftContext, uses_features
+from jspec.core.drafter import DraftContext, target_for, uses_features
 from jspec.core.model import Model
 from jspec.core.tree import Tree
 
@@ -130,7 +130,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   B, P = tokens.shape
   S = config.cache_length
   K = config.num_draft_tokens
-  target, drafter = prepared(target), prepared(drafter)
+  target, drafter = target_for(prepared(target), drafter), prepared(drafter)
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
@@ -146,7 +146,9 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   elif uses_features(drafter):
     F = config.num_draft_tokens + 1
     if hidden is None:
-      hidden = jnp.zeros((B, 0, target.config.hidden_size), target.dtype)
+      width = jax.eval_shape(lambda c: target.apply(tokens[:, :1], c, prompt_lengths * 0),
+                             cache)[1].shape[-1]  # D, or the fused layers' width
+      hidden = jnp.zeros((B, 0, width), target.dtype)
     drafter_state = drafter.init(tokens, prompt_lengths, S, hidden)
     # The last F prompt slots, L-1-F .. L-2 (negative slots are invalid entries).
     feature_start = prompt_lengths - 1 - F
@@ -197,6 +199,7 @@ def decode_round(target: Model, drafter, state: DecodeState,
   """One round: draft, verify in one target call (a chain of K+1 or a tree of N
   tokens), accept, commit. Returns the new state and what the round did."""
   K, S, W = config.num_draft_tokens, config.cache_length, config.block_width
+  target = target_for(target, drafter)
   L = state.lengths
   round_keys = sampling.fold(state.keys, state.stats.target_calls)
   # Drafters that draw nothing at random (all built-in ones when greedy) leave these

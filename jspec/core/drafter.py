@@ -24,7 +24,10 @@ which a drafter has; nothing else is probed):
     FeatureDrafter: uses_features = True (class attribute)
         the drafter reads the target's final hidden states (Medusa, EAGLE):
         `init` takes a fourth argument, the prefill's hidden states [B, P-1, D],
-        and every `DraftContext` carries `features` / `feature_start`.
+        and every `DraftContext` carries `features` / `feature_start`. A feature
+        drafter with `feature_layers` (a non-empty tuple: EAGLE-3) reads the outputs
+        of those target layers instead, concatenated ([B, P-1, len * D]), through
+        the model contract's `features_fn` (`target_for`).
     TreeDrafter: propose_tree(state, context, tree, params, keys) -> (candidates, state)
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
@@ -178,3 +181,18 @@ def uses_features(drafter) -> bool:
   """A FeatureDrafter: it reads the target's hidden states (the class attribute
   `uses_features = True`; `init` then takes them as a fourth argument)."""
   return getattr(drafter, "uses_features", False) is True
+
+
+def feature_layers(drafter) -> tuple[int, ...]:
+  """The target layers a feature drafter fuses (`feature_layers`); () for the final
+  hidden state, and for drafters that read no features."""
+  if not uses_features(drafter):
+    return ()
+  return tuple(getattr(drafter, "feature_layers", ()) or ())
+
+
+def target_for(target, drafter):
+  """`target` as `drafter` reads it: returning the drafter's `feature_layers` as
+  `hidden` (`Model.with_features`), or unchanged. Static: cheap inside a trace."""
+  layers = feature_layers(drafter)
+  return target.with_features(layers) if layers else target

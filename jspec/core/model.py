@@ -19,6 +19,12 @@ the model contract (see docs/architecture.md):
 Optionally, `head(config, params) -> OutputHead` gives the token embedding and
 output head, for drafters that share them with the target (Medusa, EAGLE).
 
+Optionally, `features(config, layers) -> config` gives the config of the same
+model whose `apply` returns, as `hidden`, the residual stream after each decoder
+layer in `layers` (0-based), concatenated: [B, T, len(layers) * D]. Drafters that
+fuse low, middle and high-layer features (EAGLE-3) read the target through it
+(`Model.with_features`); logits and cache are unchanged.
+
 Optionally, `prepare(config, params) -> params` gives the params in the form
 `apply` decodes fastest from (e.g. per-layer arrays cut from stacked ones). The
 decoding loops call it once per program, before the loop, so its cost is paid
@@ -82,6 +88,9 @@ class Model:
   # head_fn(config, params) -> OutputHead: the embedding and output head drafters
   # share with the target (Medusa, EAGLE); None: the model does not expose them.
   head_fn: Callable[[Any, Any], OutputHead] | None = None
+  # features_fn(config, layers) -> config whose apply returns the residual stream after
+  # each layer in `layers` as `hidden` (concatenated); None: only the final hidden state.
+  features_fn: Callable[[Any, tuple[int, ...]], Any] | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -109,6 +118,19 @@ class Model:
                       "embedding and output head (Medusa, EAGLE) need one; give the Model a "
                       "head_fn(config, params) -> jspec.OutputHead")
     return self.head_fn(self.config, self.params)
+
+  def with_features(self, layers) -> "Model":
+    """This model returning, as `hidden`, the residual stream after each decoder layer
+    in `layers` concatenated ([B, T, len(layers) * D]), through `features_fn`. Params,
+    logits and cache are the same; `layers` empty gives the model itself."""
+    layers = tuple(int(i) for i in layers)
+    if not layers:
+      return self
+    if self.features_fn is None:
+      raise TypeError("this jspec.Model has no features_fn: drafters that fuse the target's "
+                      "intermediate layers (EAGLE-3) need one; give the Model a "
+                      "features_fn(config, layers) -> config")
+    return dataclasses.replace(self, config=self.features_fn(self.config, layers))
 
   def apply(self, tokens, cache, start, block_mask=None, depth=None):
     """The model contract bound to this model's config and params."""
@@ -193,7 +215,7 @@ def _full_logits(model: Model, tokens: jax.Array) -> jax.Array:
 
 def _flatten(model: Model):
   return (model.params,), (model.config, model.apply_fn, model.init_cache_fn, model.eos_ids,
-                           model.axes_fn, model.prepare_fn, model.head_fn)
+                           model.axes_fn, model.prepare_fn, model.head_fn, model.features_fn)
 
 
 def _flatten_with_keys(model: Model):
@@ -201,10 +223,10 @@ def _flatten_with_keys(model: Model):
 
 
 def _unflatten(aux, children):
-  config, apply_fn, init_cache_fn, eos_ids, axes_fn, prepare_fn, head_fn = aux
+  config, apply_fn, init_cache_fn, eos_ids, axes_fn, prepare_fn, head_fn, features_fn = aux
   return Model(params=children[0], config=config, apply_fn=apply_fn,
                init_cache_fn=init_cache_fn, eos_ids=eos_ids, axes_fn=axes_fn,
-               prepare_fn=prepare_fn, head_fn=head_fn)
+               prepare_fn=prepare_fn, head_fn=head_fn, features_fn=features_fn)
 
 
 jax.tree_util.register_pytree_with_keys(Model, _flatten_with_keys, _unflatten, _flatten)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jspec.core import nn as layers
 from jspec.core import sampling
 from jspec.drafters import params_io, vocab_subset
 from jspec.core.model import Model
@@ -97,6 +98,8 @@ class Eagle:
     if config.hidden_size != D or config.vocab_size != V:
       raise ValueError(f"EAGLE head (hidden {config.hidden_size}, vocab {config.vocab_size}) does "
                        f"not fit the target (hidden {D}, vocab {V})")
+    if config.fused:  # the target must expose those layers (clear errors before tracing)
+      target.with_features(config.feature_layers)
     check_params(head_params, config)
     return cls(params=head_params, embed=head.embed, lm_head=head.lm_head, config=config,
                embedding_multiplier=head.embedding_multiplier,
@@ -109,8 +112,31 @@ class Eagle:
     return dataclasses.replace(self, ids=ids,
                                rows=vocab_subset.head_rows(self.embed, self.lm_head, ids))
 
-  def draft_scores(self, features: jax.Array) -> jax.Array:
-    """Logits the head drafts from: over all V (`logits`), or over `ids` [..., N]."""
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    """Target layers this head fuses (`jspec.core.drafter.target_for`); () for EAGLE-1."""
+    return self.config.feature_layers
+
+  def fuse(self, params, features: jax.Array) -> jax.Array:
+    """Target features [..., n * D] as the head's input features [..., D]: EAGLE-3's
+    fusion of low, middle and high layers; EAGLE-1's final hidden state as it is."""
+    if not self.config.fused:
+      return features
+    kernel = params["fuse"]["kernel"]
+    return jnp.einsum("...i,id->...d", features.astype(kernel.dtype), kernel)
+
+  def head_input(self, params, features: jax.Array) -> jax.Array:
+    """What the LM head reads from the head's output features: EAGLE-3 normalises them
+    first (its outputs are residual streams, fed back as they are); EAGLE-1 predicts the
+    target's final (normed) hidden state and reads it directly."""
+    if not self.config.fused:
+      return features
+    return layers.RMSNorm()(features, params["norm"], self.config.rms_norm_eps)
+
+  def draft_scores(self, features: jax.Array, params=None) -> jax.Array:
+    """Logits the head drafts from: over all V (`logits`), or over `ids` [..., N].
+    params: the head's (default: its own; training passes the traced ones)."""
+    features = self.head_input(self.params if params is None else params, features)
     if self.ids is None:
       return self.logits(features)
     return vocab_subset.scores(features, self.rows, self.final_logit_softcapping)
@@ -176,12 +202,13 @@ class Eagle:
     """
     del prompt_lengths  # rows' excess slots are scratch under the invariant
     B, P = tokens.shape
-    D = self.config.hidden_size
+    D, W = self.config.hidden_size, self.config.feature_width
     features = jnp.asarray(features)
-    if features.ndim != 3 or features.shape[:2] != (B, P - 1) or features.shape[2] != D:
-      raise ValueError(f"features must be [B, P-1, D] = [{B}, {P - 1}, {D}], got "
-                       f"{features.shape}")
+    if features.ndim != 3 or features.shape[:2] != (B, P - 1) or features.shape[2] != W:
+      raise ValueError(f"features must be [B, P-1, {'n * D' if self.config.fused else 'D'}] = "
+                       f"[{B}, {P - 1}, {W}], got {features.shape}")
     cache = self.init_cache(B, cache_length)
+    features = self.fuse(self.params, features)
     feats = jnp.concatenate([jnp.zeros((B, 1, D), features.dtype), features], axis=1)
     slots = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32)[None, :], (B, P))
     with jax.named_scope("eagle_prefill"):
@@ -199,8 +226,10 @@ class Eagle:
     B, F, D = feats.shape
     if F < 1:
       raise ValueError("EAGLE needs at least one feature entry per round (F >= 1)")
-    if D != self.config.hidden_size:
-      raise ValueError(f"features have width {D}, the head expects {self.config.hidden_size}")
+    if D != self.config.feature_width:
+      raise ValueError(f"features have width {D}, the head expects {self.config.feature_width}"
+                       + (f" (target layers {self.feature_layers} fused)"
+                          if self.config.fused else ""))
     L = context.lengths.astype(jnp.int32)
     fs = context.feature_start.astype(jnp.int32)
     S_tok = context.tokens.shape[1]
@@ -210,6 +239,7 @@ class Eagle:
     entry = slots - 1 - fs[:, None]  # feature entry holding h_{slot-1}
     valid = (slots >= 1) & (entry >= 0) & (entry < F)  # slot 0's pair has no feature (zeros)
     f_in = jnp.take_along_axis(feats, jnp.clip(entry, 0, F - 1)[:, :, None], axis=1)
+    f_in = self.fuse(self.params, f_in)  # [B, F, D]
     f_in = jnp.where(valid[:, :, None], f_in, jnp.zeros((), f_in.dtype))
     toks = jnp.take_along_axis(context.tokens, jnp.clip(slots, 0, S_tok - 1), axis=1)
     with jax.named_scope("eagle_catch_up"):

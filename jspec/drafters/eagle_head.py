@@ -38,8 +38,15 @@ class EagleConfig:
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   initializer_range: float = 0.02
+  # EAGLE-3 (Li et al. 2025): target layers (0-based) whose outputs the head fuses,
+  # through a [n * D, D] projection, into the feature of each true pair; the head's own
+  # outputs go through a norm before the LM head. Empty: EAGLE-1 (the final hidden state).
+  feature_layers: tuple[int, ...] = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+    if any(i < 0 for i in self.feature_layers):
+      raise ValueError(f"EagleConfig.feature_layers must be >= 0, got {self.feature_layers}")
     for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
                  "head_dim", "intermediate_size"):
       value = getattr(self, name)
@@ -56,7 +63,7 @@ class EagleConfig:
     """The head config that copies one layer of the target: its config's fields of the
     same names (a `jspec.models.TransformerConfig` has them all), `overrides` first.
     A target config without some of them needs them in `overrides`."""
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "feature_layers"]
     missing = [n for n in names if n not in overrides and not hasattr(target_config, n)]
     if missing:
       raise TypeError(f"EagleConfig.for_target: the target's config "
@@ -66,9 +73,21 @@ class EagleConfig:
     fields.update(overrides)
     return cls(**fields)
 
+  @property
+  def fused(self) -> bool:
+    """An EAGLE-3 head (fuses `feature_layers`), not an EAGLE-1 head."""
+    return bool(self.feature_layers)
+
+  @property
+  def feature_width(self) -> int:
+    """Width of the target features the head reads: n * D fused, else D."""
+    return self.hidden_size * max(1, len(self.feature_layers))
+
   def to_dict(self) -> dict:
     """JSON-ready fields; `from_dict` inverts it."""
-    return dataclasses.asdict(self)
+    fields = dataclasses.asdict(self)
+    fields["feature_layers"] = list(self.feature_layers)
+    return fields
 
   @classmethod
   def from_dict(cls, fields: dict) -> "EagleConfig":
@@ -84,7 +103,11 @@ def param_shapes(config: EagleConfig) -> dict:
   """The head's params tree as shapes (what `init_params` builds)."""
   D, F = config.hidden_size, config.intermediate_size
   H, Hkv, Dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+  fused = {}
+  if config.fused:
+    fused = {"fuse": {"kernel": (config.feature_width, D)}, "norm": {"scale": (D,)}}
   return {
+      **fused,
       "fc": {"kernel": (2 * D, D), "bias": (D,)},
       "layer": {
           "attn_norm": {"scale": (D,)},
