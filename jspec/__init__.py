@@ -19,6 +19,7 @@ The names below are what most users need; everything else lives in those package
 from jspec.core.api import generate, speculative_generate
 from jspec.core.constraint import Constraint
 from jspec.core.drafter import Drafter
+from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.logprobs import Logprobs
 from jspec.core.model import Model, OutputHead
 from jspec.core.sampling import SamplingParams
@@ -46,6 +47,7 @@ __all__ = [
     "Datastore",
     "DraftModel",
     "Drafter",
+    "DynamicTree",
     "Eagle",
     "EagleConfig",
     "Logprobs",

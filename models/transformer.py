@@ -297,14 +297,14 @@ def _visibility(start, block_mask, depth, slots: int):
 
   Returns visible bool [B, T, S] (the contract of docs/architecture.md) and kv_pos int32 [B, S].
   """
-  T = block_mask.shape[0]
+  T = block_mask.shape[-1]  # block_mask [B, T, T], depth [B, T]
   s = jnp.arange(slots, dtype=jnp.int32)[None, :]  # [1, S]
   rel = s - start[:, None]  # [B, S] slot offset inside the block
   in_block = (rel >= 0) & (rel < T)
   rel_c = jnp.clip(rel, 0, T - 1)
-  from_block = jnp.take(block_mask, rel_c, axis=1).transpose(1, 0, 2) & in_block[:, None, :]
+  from_block = jnp.take_along_axis(block_mask, rel_c[:, None, :], axis=2) & in_block[:, None, :]
   visible = (rel < 0)[:, None, :] | from_block
-  kv_pos = jnp.where(in_block, start[:, None] + jnp.take(depth, rel_c), s)
+  kv_pos = jnp.where(in_block, start[:, None] + jnp.take_along_axis(depth, rel_c, axis=1), s)
   return visible, kv_pos
 
 
@@ -334,8 +334,12 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     block_mask = jnp.tril(jnp.ones((T, T), bool))
   if depth is None:
     depth = jnp.arange(T, dtype=jnp.int32)
+  # A mask [T, T] and depths [T] shared by the rows, or per row ([B, T, T], [B, T]: a
+  # dynamic tree, different in every row).
+  block_mask = jnp.broadcast_to(block_mask, (B, T, T))
+  depth = jnp.broadcast_to(depth, (B, T)).astype(jnp.int32)
   start = start.astype(jnp.int32)
-  positions = start[:, None] + depth[None, :]  # [B, T]
+  positions = start[:, None] + depth  # [B, T]
 
   x = jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
   if c.embedding_multiplier != 1.0:
@@ -345,7 +349,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   rotary = c.positions if isinstance(c.positions, Rotary) else None
 
   if cache is None:  # cache-free pass over the block alone (training, tests)
-    visible = jnp.broadcast_to(block_mask[None], (B, T, T))
+    visible = block_mask
     kv_pos = positions
   else:
     slots = cache["k"][0].shape[layout.slot_axis("k")]

@@ -35,6 +35,8 @@ MODULES = (
     "jspec.tools.bench_report",
     "jspec.tools.bench_timing",
     "jspec.core.drafter",
+    "jspec.core.dynamic_tree",
+    "jspec.drafters.eagle_io",
     "jspec.tools.measure",
     "jspec.core.model",
     "jspec.drafters.ngram",

@@ -148,6 +148,14 @@ def test_save_load_round_trip(target, eagle3, tmp_path):
   back = E.load_eagle(tmp_path / "head", target)
   assert back.config == eagle3.config and back.feature_layers == LAYERS
   jax.tree_util.tree_map(np.testing.assert_array_equal, back.params, eagle3.params)
+  assert back.ids is None
+  reduced = eagle3.reduced([0, 3, 5, 39])
+  E.save_eagle(reduced, tmp_path / "reduced")
+  back = E.load_eagle(tmp_path / "reduced", target)  # drafts over the saved ids again
+  assert np.asarray(back.ids).tolist() == [0, 3, 5, 39]
+  from jspec.tools.chat import drafter_from_dir
+
+  assert drafter_from_dir(str(tmp_path / "reduced"), target).feature_layers == LAYERS
 
 
 def test_training_lowers_the_loss_and_raises_acceptance():

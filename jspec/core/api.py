@@ -23,9 +23,10 @@ from jspec.core import constrained, decode, dynamic, logprobs, schedule, shardin
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import DraftModel
-from jspec.core.drafter import BranchDrafter, Drafter, TreeDrafter
+from jspec.core.drafter import BranchDrafter, Drafter, DynamicTreeDrafter, TreeDrafter
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
+from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import Tree
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,7 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
                          temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
-                         rules=None, tree: Tree | None = None, stream=None,
+                         rules=None, tree: Tree | DynamicTree | None = None, stream=None,
                          return_logprobs=False, constraint=None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
@@ -115,6 +116,10 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   tree: a `jspec.Tree` to verify a static draft tree of N nodes per round instead
   of a chain (the drafter needs `propose_tree`: Medusa, EAGLE, a draft model, and the
   lookup drafters NGram, Datastore and Suffix).
+  Or a `jspec.DynamicTree(nodes=N, depth=D, top_k=k)`: a node budget the drafter fills
+  per row and round from its own confidences (EAGLE-2; the drafter needs
+  `propose_dynamic`: EAGLE), verified with a per-row mask (`block_mask` [B, N, N],
+  which the target must accept: every model in `jspec.models` does).
   `num_draft_tokens` may then be omitted; if given it must equal the tree's depth.
   The cache needs N slots of slack instead of K + 1. Tree decoding moves accepted
   K/V along the cache's slot axis, so the target must declare its cache axes
@@ -122,8 +127,9 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   """
   K = num_draft_tokens
   if tree is not None:
-    if not isinstance(tree, Tree):
-      raise TypeError(f"tree must be a jspec.Tree, got {type(tree).__name__}")
+    if not isinstance(tree, (Tree, DynamicTree)):
+      raise TypeError(f"tree must be a jspec.Tree or a jspec.DynamicTree, got "
+                      f"{type(tree).__name__}")
     if K is not None and (isinstance(K, (str, schedule.AutoK)) or K != tree.max_depth):
       raise ValueError(f"num_draft_tokens={K!r} conflicts with the tree, whose depth is "
                        f"{tree.max_depth}: omit it when passing a tree")
@@ -153,10 +159,14 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
                        f"give an integer K")
     tree, side = drafter.verify_tree(K), drafter.side_tree()
     K = tree.max_depth
-  if tree is not None:
+  if isinstance(tree, DynamicTree) and not isinstance(drafter, DynamicTreeDrafter):
+    raise TypeError(f"{type(drafter).__name__} cannot grow dynamic trees (it has no "
+                    f"propose_dynamic); use a static jspec.Tree or an EAGLE head")
+  if isinstance(tree, Tree):
     if not isinstance(drafter, TreeDrafter):
       raise TypeError(f"{type(drafter).__name__} cannot draft trees (it has no propose_tree); "
                       f"use a chain (num_draft_tokens) or a tree drafter")
+  if tree is not None:
     if sharding.model_axes(target) is None:
       raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                        "the slot axis of its K/V buffers")

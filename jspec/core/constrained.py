@@ -104,12 +104,14 @@ def along_chain(rows: ConstraintRows, drafts: jax.Array) -> jax.Array:
 def along_tree(rows: ConstraintRows, block: jax.Array, tree) -> jax.Array:
   """States at each node of a tree block [B, N] (node 0 the last committed token,
   whose state is the row's): [B, N], one level at a time from the parents'."""
-  depths = np.asarray(tree.depths)
-  parents = np.maximum(np.asarray(tree.parents), 0)
+  from jspec.core.tree import row_arrays  # a static Tree or a dynamic tree's RowTree
+
+  parents, depths, _, _ = row_arrays(tree, block.shape[0])  # [B, N] each
+  parents = jnp.maximum(parents, 0)
   states = jnp.broadcast_to(rows.state[:, None], block.shape)
   for d in range(1, tree.max_depth + 1):
-    stepped = advance(rows.table, states[:, parents], block)
-    states = jnp.where(jnp.asarray(depths == d)[None, :], stepped, states)
+    stepped = advance(rows.table, jnp.take_along_axis(states, parents, axis=1), block)
+    states = jnp.where(depths == d, stepped, states)
   return states
 
 

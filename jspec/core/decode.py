@@ -51,6 +51,7 @@ from jspec.core.stats import DecodeStats
 from jspec.core import tree as tree_lib
 from jspec.core.drafter import DraftContext, target_for, uses_features
 from jspec.core.model import Model
+from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import Tree
 
 
@@ -61,7 +62,9 @@ class DecodeConfig:
   num_draft_tokens: int  # K; 0 = baseline decoding, no drafter; the tree's depth with a tree
   cache_length: int  # S slots per row, >= prompt + max_new_tokens + (K + 1 or N)
   layout: sharding.Layout | None = None  # mesh + rules for the target cache; None: one device
-  tree: Tree | None = None  # verify a static draft tree of N nodes instead of a chain
+  # Verify a draft tree of N nodes instead of a chain: a static `Tree`, or a
+  # `DynamicTree` budget that the drafter fills per row each round (EAGLE-2).
+  tree: Tree | DynamicTree | None = None
   stream: bool = False  # send committed tokens to the host after every round (streaming.py)
   logprobs: logprobs_lib.Logprobs | None = None  # record emitted tokens' log-probabilities
   # A BranchDrafter's side branch (lookahead): M more nodes in each verify call, computed
@@ -72,8 +75,8 @@ class DecodeConfig:
     if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
       raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must equal the tree's depth "
                        f"({self.tree.max_depth})")
-    if self.side is not None and self.tree is None:
-      raise ValueError("a side branch hangs under a verify tree: give tree= as well")
+    if self.side is not None and not isinstance(self.tree, Tree):
+      raise ValueError("a side branch hangs under a static verify tree: give tree= as well")
 
   @property
   def block_width(self) -> int:
@@ -277,12 +280,17 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
   path, compact its K/V (see `jspec.core.tree`). Returns as `_chain`, emitted and hidden
   [B, D+1] / [B, D+1, D] along the accepted path. With a side branch (a BranchDrafter)
   its M nodes ride in the same call after the tree's; the drafter gets their argmax."""
-  candidates, drafter_state = drafter.propose_tree(state.drafter_state, context, topology,
-                                                   state.params, draft_keys)  # [B, N-1]
+  if isinstance(topology, DynamicTree):  # a tree per row, grown by the drafter
+    candidates, shape, drafter_state = drafter.propose_dynamic(
+        state.drafter_state, context, topology, state.params, draft_keys)  # [B, N-1]
+  else:
+    candidates, drafter_state = drafter.propose_tree(state.drafter_state, context, topology,
+                                                     state.params, draft_keys)  # [B, N-1]
+    shape = topology
   block = jnp.concatenate([last, candidates.astype(jnp.int32)], axis=1)  # [B, N]
   N = topology.num_nodes
   if side is None:
-    full, mask, depth = block, topology.ancestors, topology.depths
+    full, mask, depth = block, shape.ancestors, shape.depths  # [N, N] / [N], or per row
   else:
     full = jnp.concatenate([block, drafter.side_tokens(drafter_state).astype(jnp.int32)], axis=1)
     mask, depth = tree_lib.with_side(topology, side)
@@ -295,17 +303,18 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
     hidden = None if hidden is None else hidden[:, :N]
   if state.constraint is not None:
     with jax.named_scope("constraint"):
-      states = constrained.along_tree(state.constraint, block, topology)
+      states = constrained.along_tree(state.constraint, block, shape)
       logits = constrained.masked(logits, state.constraint, states)
   with jax.named_scope("acceptance"):
     if state.params is None:
-      node, next_token = tree_lib.accept_greedy(logits, candidates, topology)
+      node, next_token = tree_lib.accept_greedy(logits, candidates, shape)
       p = None
     else:
       p = sampling.probabilities(logits, state.params)  # [B, N, V]
-      node, next_token = tree_lib.accept_sampled(p, candidates, topology, accept_keys)
-  path = tree_lib.path_nodes(node, topology)  # [B, D+1]
-  n = jnp.asarray(topology.depths)[node]  # [B] accepted drafts
+      node, next_token = tree_lib.accept_sampled(p, candidates, shape, accept_keys)
+  path = tree_lib.path_nodes(node, shape)  # [B, D+1]
+  depths = tree_lib.row_arrays(shape, node.shape[0])[1]  # [B, N]
+  n = jnp.take_along_axis(depths, node[:, None], axis=1)[:, 0]  # [B] accepted drafts
   if side is not None:
     drafter_state = drafter.after_verify(drafter_state, context, predictions, n)
   with jax.named_scope("compact"):

@@ -32,6 +32,10 @@ which a drafter has; nothing else is probed):
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
         rank), so that tree acceptance is exact without draft probabilities.
+    DynamicTreeDrafter: propose_dynamic(state, context, budget, params, keys)
+        -> (candidates, row_tree, state): a tree per row within the static budget
+        `jspec.core.dynamic_tree.DynamicTree`, grown from the drafter's confidences,
+        deterministic like a static tree's candidates (EAGLE-2).
     LookupDrafter: lookup(context, num_drafts) -> (drafts, count)
         a stateless drafter that knows how many of its drafts it really proposes
         (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
@@ -129,6 +133,16 @@ class TreeDrafter(Protocol):
                    params: SamplingParams | None, keys: jax.Array) -> tuple[jax.Array, Any]:
     """candidates [B, N-1] int32, node i's token at column i-1 (chosen by rank), and
     the new state."""
+
+
+@runtime_checkable
+class DynamicTreeDrafter(Protocol):
+  """A drafter that grows its own tree per row each round within a static budget
+  (`jspec.core.dynamic_tree`, EAGLE-2: the EAGLE head)."""
+
+  def propose_dynamic(self, state: Any, context: DraftContext, budget: Any,
+                      params: SamplingParams | None, keys: jax.Array):
+    """candidates [B, N-1] int32 (deterministic), the rows' `RowTree` and the new state."""
 
 
 @runtime_checkable

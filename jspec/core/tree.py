@@ -237,26 +237,38 @@ def top_ranked(logits: jax.Array, count: int) -> jax.Array:
 # ----------------------------------------------------------------------------- acceptance
 
 
-def accept_greedy(logits: jax.Array, candidates: jax.Array, tree: Tree):
+def row_arrays(tree, batch: int):
+  """parents [B, N], depths [B, N], ancestors [B, N, N] and children [B, N, C] of a
+  static `Tree` (the same for every row) or of a per-row `dynamic_tree.RowTree`."""
+  if isinstance(tree, Tree):
+    def rows(x):
+      x = jnp.asarray(x)
+      return jnp.broadcast_to(x[None], (batch,) + x.shape)
+
+    return (rows(np.asarray(tree.parents, np.int32)), rows(tree.depths),
+            rows(tree.ancestors), rows(tree.children))
+  return tree.parents, tree.depths, tree.ancestors, tree.children
+
+
+def accept_greedy(logits: jax.Array, candidates: jax.Array, tree):
   """Deepest node whose whole path matches the target's argmax.
 
-  logits [B, N, V], candidates [B, N-1] int32 (node i's token at i-1) ->
-  node [B] int32 accepted node, next_token [B] int32 the argmax after it.
-  Equal depths go to the lower node index.
+  logits [B, N, V], candidates [B, N-1] int32 (node i's token at i-1), tree a `Tree`
+  or a `RowTree` -> node [B] int32 accepted node, next_token [B] int32 the argmax
+  after it. Equal depths go to the lower node index.
   """
+  B, N = logits.shape[:2]
   g = sampling.greedy_tokens(logits)  # [B, N]
-  parents = jnp.asarray(tree.parents[1:], jnp.int32)
-  match = candidates == jnp.take(g, parents, axis=1)  # [B, N-1]
+  parents, depths, anc, _ = row_arrays(tree, B)
+  match = candidates == jnp.take_along_axis(g, jnp.maximum(parents[:, 1:], 0), axis=1)
   ok = jnp.concatenate([jnp.ones_like(match[:, :1]), match], axis=1)  # [B, N]
-  anc = jnp.asarray(tree.ancestors)
-  path_ok = jnp.all(jnp.where(anc[None], ok[:, None, :], True), axis=-1)  # [B, N]
-  N = tree.num_nodes
-  score = jnp.asarray(tree.depths * N - np.arange(N), jnp.int32)[None, :]  # deeper first
+  path_ok = jnp.all(jnp.where(anc, ok[:, None, :], True), axis=-1)  # [B, N]
+  score = depths * N - jnp.arange(N, dtype=jnp.int32)[None, :]  # deeper first
   node = jnp.argmax(jnp.where(path_ok, score, -N), axis=1).astype(jnp.int32)
   return node, jnp.take_along_axis(g, node[:, None], axis=1)[:, 0]
 
 
-def accept_sampled(p: jax.Array, candidates: jax.Array, tree: Tree, keys: jax.Array):
+def accept_sampled(p: jax.Array, candidates: jax.Array, tree, keys: jax.Array):
   """Exact acceptance of deterministic candidates (SpecInfer, Miao et al. 2023).
 
   Walk down from the root. At a node, p' starts as the target distribution there;
@@ -267,14 +279,14 @@ def accept_sampled(p: jax.Array, candidates: jax.Array, tree: Tree, keys: jax.Ar
   this candidate?" with the right conditional probability, so the emitted tokens
   follow p exactly, whichever candidates were proposed.
 
-  p [B, N, V] processed target distributions, candidates [B, N-1] int32, keys [B]
-  -> node [B] int32 accepted node, next_token [B] int32.
+  p [B, N, V] processed target distributions, candidates [B, N-1] int32, tree a
+  `Tree` or a `RowTree`, keys [B] -> node [B] int32 accepted node, next_token [B] int32.
   """
   B, N, V = p.shape
   u_keys, r_keys = sampling.split_rows(keys)
   u = jax.vmap(lambda k: jax.random.uniform(k, (N,), jnp.float32))(u_keys)  # [B, N] one per node
   tokens = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), candidates.astype(jnp.int32)], axis=1)
-  children = jnp.asarray(tree.children)  # [N, C]
+  children = row_arrays(tree, B)[3]  # [B, N, C]
   ids = jnp.arange(V, dtype=jnp.int32)[None, :]
   rows = jnp.arange(B)
 
@@ -286,7 +298,7 @@ def accept_sampled(p: jax.Array, candidates: jax.Array, tree: Tree, keys: jax.Ar
     dist = p[rows, node]  # [B, V] p' at the current node
     chosen = jnp.full((B,), -1, jnp.int32)
     for c in range(children.shape[1]):
-      kid = children[node, c]  # [B]
+      kid = children[rows, node, c]  # [B]
       trying = walking & (kid >= 0) & (chosen < 0)
       tok = tokens[rows, jnp.maximum(kid, 0)]
       prob = dist[rows, tok]
@@ -304,14 +316,15 @@ def accept_sampled(p: jax.Array, candidates: jax.Array, tree: Tree, keys: jax.Ar
   return node, sampling.sample(r_keys, final)
 
 
-def path_nodes(node: jax.Array, tree: Tree) -> jax.Array:
+def path_nodes(node: jax.Array, tree) -> jax.Array:
   """The accepted path as node indices by depth: node [B] -> int32 [B, D+1].
 
   Entry d is the ancestor of `node` at depth d; past the node's own depth it is d
   itself (a no-op for `compact`)."""
   D = tree.max_depth
-  anc = jnp.asarray(tree.ancestors)[node]  # [B, N]
-  at_depth = jnp.asarray(tree.depths)[None, None, :] == jnp.arange(D + 1)[None, :, None]
+  _, depths, ancestors, _ = row_arrays(tree, node.shape[0])
+  anc = jnp.take_along_axis(ancestors, node[:, None, None], axis=1)[:, 0]  # [B, N]
+  at_depth = depths[:, None, :] == jnp.arange(D + 1)[None, :, None]  # [B, D+1, N]
   hits = anc[:, None, :] & at_depth  # [B, D+1, N]
   first = jnp.argmax(hits, axis=-1).astype(jnp.int32)
   return jnp.where(jnp.any(hits, axis=-1), first, jnp.arange(D + 1, dtype=jnp.int32)[None, :])

@@ -35,7 +35,6 @@ likely token of the distribution at its parent.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -45,8 +44,10 @@ from jax import lax
 
 from jspec.core import nn as layers
 from jspec.core import sampling
-from jspec.drafters import params_io, vocab_subset
+from jspec.drafters import vocab_subset
 from jspec.core.model import Model
+from jspec.core import dynamic_tree
+from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import top_ranked
 # The head's config, params and layer (eagle_head); EagleConfig and init_params are public here.
 from jspec.drafters.eagle_head import (  # noqa: F401
@@ -357,66 +358,60 @@ class Eagle:
     candidates = jnp.stack([tokens[i] for i in range(1, N)], axis=1)  # [B, N-1]
     return candidates.astype(jnp.int32), cache
 
+  def propose_dynamic(self, cache, context, budget: DynamicTree, params=None, keys=None):
+    """Dynamic tree drafting (EAGLE-2; `jspec.core.dynamic_tree`): candidates [B, N-1]
+    int32, the rows' `RowTree` and the cache.
+
+    One catch-up call, then one call per level of k expanded candidates: the e-th
+    expanded node (e = (level - 1) k + j) sits at slot L + e with RoPE position
+    L - 1 + level and sees the committed prefix (the root included), its expanded
+    ancestors and itself. Deterministic (no q), like `propose_tree`.
+    """
+    del params, keys
+    k, D = budget.top_k, budget.max_depth
+    drafted = self.vocab_size if self.ids is None else int(self.ids.shape[0])
+    if k > drafted:
+      raise ValueError(f"top_k {k} exceeds the {drafted} ids this head drafts")
+    S = cache["k"].shape[3]
+    E = max(D - 1, 1) * k  # expanded nodes, at slots L .. L + E - 1
+    L = context.lengths.astype(jnp.int32)
+    s = jnp.arange(S, dtype=jnp.int32)[None, :]
+    rel = s - L[:, None]  # [B, S] expanded node held in each slot
+    in_expanded = (rel >= 0) & (rel < E)
+    rel = jnp.broadcast_to(jnp.clip(rel, 0, E - 1)[:, None, :], (L.shape[0], k, S))
+    prefix = (s <= (L - 1)[:, None])[:, None, :]  # [B, 1, S]
+
+    with jax.named_scope("eagle_propose_dynamic"):
+      f_root, cache = self._catch_up(cache, context)
+      root_scores = jax.nn.log_softmax(self.draft_scores(f_root[:, None])[:, 0], axis=-1)
+
+      def expand(level, index, up, carry):
+        cache_, feats, anc = carry if carry is not None else (cache, None, None)
+        B = index.shape[0]
+        if feats is None:  # level 1: every node hangs under the root
+          f_in = jnp.broadcast_to(f_root[:, None], (B, k, f_root.shape[-1]))
+          anc = jnp.zeros((B, k, E), bool)
+        else:
+          f_in = jnp.take_along_axis(feats, up[:, :, None], axis=1)
+          anc = jnp.take_along_axis(anc, up[:, :, None], axis=1)
+        own = (level - 1) * k + jnp.arange(k, dtype=jnp.int32)
+        anc = anc | (jnp.arange(E)[None, None, :] == own[None, :, None])  # [B, k, E]
+        visible = prefix | (jnp.take_along_axis(anc, rel, axis=2) & in_expanded[:, None, :])
+        slots = L[:, None] + own[None, :]
+        positions = jnp.broadcast_to((L - 1 + level)[:, None], (B, k))
+        out, cache_ = self.forward(self.params, f_in, self._token(index), cache_, slots,
+                                   positions, visible)
+        scores = jax.nn.log_softmax(self.draft_scores(out), axis=-1)  # [B, k, V or N]
+        return scores, (cache_, out, anc)
+
+      index, tree, carry = dynamic_tree.grow(budget, root_scores, expand)
+      if carry is not None:  # D > 1: the cache after the last level's call
+        cache = carry[0]
+    return self._token(index).astype(jnp.int32), tree, cache
+
 
 # ----------------------------------------------------------------------------- save / load
 
-
-def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | None = None,
-               dtype=None) -> None:
-  """Write an EAGLE head into `path` (new or empty): params/ (orbax) and eagle_config.json.
-
-  params: an `Eagle` (its head params and config are saved) or a head-params dict
-  together with its `config`.
-  meta: JSON-ready extra information kept in the config file.
-  dtype: cast floating-point params to this dtype on disk (e.g. "bfloat16").
-  The config file is written last (`jspec.drafters.params_io`): a directory without it never loads.
-  """
-  if isinstance(params, Eagle):
-    config = params.config if config is None else config
-    params = params.params
-  if not isinstance(params, dict):
-    raise TypeError(f"save_eagle takes an Eagle or a head-params dict, got "
-                    f"{type(params).__name__}")
-  if config is None:
-    raise ValueError("save_eagle needs config= (an EagleConfig) with a bare params dict: the "
-                     "vocabulary size and constants are not in the shapes")
-  check_params(params, config)
-  if dtype is not None:
-    dt = jnp.dtype(dtype)
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
-  params_io.save_dir(path, PARAMS_DIR, params, CONFIG_FILE,
-                     {"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
-                      "meta": meta or {}})
-
-
-def read_config(path) -> tuple[EagleConfig, dict]:
-  """The `EagleConfig` and meta dict of a saved head, checked."""
-  path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "EAGLE head")
-  config_path = os.path.join(path, CONFIG_FILE)
-  if not isinstance(meta.get("config"), dict):
-    raise ValueError(f"{config_path}: missing field 'config'")
-  try:
-    config = EagleConfig.from_dict(meta["config"])
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{config_path}: invalid EAGLE config: {e}") from e
-  return config, meta.get("meta") or {}
-
-
-def load_eagle(path, target: Model, dtype="float32") -> Eagle:
-  """An `Eagle` for `target` from a directory written by `save_eagle`.
-
-  Checks, before reading any tensor: the config file, that the head fits the
-  target (hidden size and vocabulary), and every stored tensor's shape.
-  dtype: floating-point params are cast to it (default f32; None keeps stored).
-  """
-  config, _ = read_config(path)
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  embed, _ = target_head(target)  # a clear error for a target without an output head
-  V, D = embed.shape
-  if config.hidden_size != D or config.vocab_size != V:
-    raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
-                     f"vocab {config.vocab_size}; the target has hidden size {D} "
-                     f"and vocab {V}")
-  params = params_io.restore_checked(os.path.join(path, PARAMS_DIR), param_shapes(config), dtype,
-                                     "params", CONFIG_FILE)
-  return Eagle.from_target(target, params, config)
+# In eagle_io (kept apart for size); imported here so `eagle.save_eagle` etc. keep working.
+from jspec.drafters.eagle_io import (  # noqa: E402,F401
+    load_eagle, read_config, read_draft_ids, save_eagle)

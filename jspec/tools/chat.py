@@ -14,6 +14,7 @@ the model's end-of-turn id (its EOS ids, read from the checkpoint).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -105,7 +106,20 @@ def drafter_for(target, name: str, ngram: int = 3):
     return jspec.NGram(target.vocab_size, max_ngram=ngram)
   if name.startswith("lookahead"):
     return lookahead_from(name, target.vocab_size)
-  return jspec.load(name, dtype="float32")
+  return drafter_from_dir(name, target)
+
+
+def drafter_from_dir(path: str, target):
+  """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), or
+  a draft model (any checkpoint `jspec.load` reads)."""
+  import jspec
+  from jspec.drafters import eagle, medusa
+
+  if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):
+    return eagle.load_eagle(path, target)
+  if os.path.isfile(os.path.join(path, medusa.CONFIG_FILE)):
+    return medusa.load_medusa(path, target)
+  return jspec.load(path, dtype="float32")
 
 
 def lookahead_from(spec: str, vocab_size: int):

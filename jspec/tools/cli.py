@@ -81,7 +81,9 @@ def _target_and_draft(args):
     from jspec.tools.chat import lookahead_from
 
     return target, lookahead_from(spec, target.vocab_size)
-  return target, jspec.load(spec, dtype="float32")
+  from jspec.tools.chat import drafter_from_dir
+
+  return target, drafter_from_dir(spec, target)
 
 
 def measure(args) -> int:
