@@ -216,6 +216,7 @@ SLOW_TESTS = {  # every case
     "test_dynamic_tree.py::test_dynamic_tree_keeps_the_distribution",
     "test_eagle3.py::test_training_lowers_the_loss_and_raises_acceptance",
     "test_dynamic_tree.py::test_compaction_equals_chain_prefill",
+    "test_eagle3.py::test_measure_cli_with_a_saved_head",  # the CLI: test_measure stays fast
 }
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",

@@ -45,6 +45,7 @@ MODULES = (
     "jspec.drafters.lookahead",
     "jspec.drafters.ngram_pool",
     "jspec.tools.bench_lookahead",
+    "jspec.tools.bench_heads_real",
     "jspec.tools.bench_flags",
     "jspec.core.sampling",
     "jspec.core.sharding",

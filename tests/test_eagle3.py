@@ -194,3 +194,46 @@ def test_training_lowers_the_loss_and_raises_acceptance():
   tau = [TE.engine_acceptance(target, e, prompts[40:], k=3, new_tokens=24)["tau"]
          for e in (initial, result.eagle)]
   assert tau[1] > tau[0] + 0.15, tau
+
+
+def test_bench_of_saved_heads(target, eagle3, tmp_path):
+  """`bench_heads_real` on a tiny target: a saved head as a chain and as a dynamic tree
+  beside n-gram lookup, every answer equal to plain decoding's."""
+  from jspec.tools import bench_heads_real, bench_lookahead
+
+  E.save_eagle(eagle3, tmp_path / "h3")
+  tree = jspec.DynamicTree(nodes=6, depth=3, top_k=2)
+  extra = bench_heads_real.head_methods(target, [str(tmp_path / "h3")], 3, tree)
+  assert sorted(extra) == ["h3 K=3", "h3 tree6"]
+  sets = {"toy": [([3, 1, 4, 1, 5], None), ([2, 7], None)]}
+  report = bench_lookahead.run(target, sets, ("ngram",), max_new_tokens=8, repeats=1,
+                               log=lambda *_: None, extra=extra)
+  rows = report["sets"]["toy"]["methods"]
+  assert sorted(rows) == ["h3 K=3", "h3 tree6", "ngram", "plain"]
+  for row in rows.values():
+    assert row["answers_differing_from_plain"] == 0 and row["tokens"] == 16
+    assert row["tau"] >= 1.0
+
+
+def test_measure_cli_with_a_saved_head(tmp_path):
+  """`jspec measure --drafter DIR` with an EAGLE-3 head folder (random, reduced to 512
+  ids) for the shipped code target: rows carry k, tau, alpha, and the speculative output
+  equals the baseline's."""
+  import json
+
+  from jspec.models import shipped
+  from jspec.tools import cli
+
+  target = shipped.load(shipped.TARGET)
+  config = E.EagleConfig.for_target(target.config, feature_layers=(0, 2, 3))
+  head = E.Eagle.from_target(target, E.init_params(config, jax.random.key(0)), config)
+  E.save_eagle(head.reduced(np.arange(512)), tmp_path / "head")
+  (tmp_path / "prompts.txt").write_text("def add(a, b):\n---\nclass Stack:\n")
+  rc = cli.main(["measure", "--drafter", str(tmp_path / "head"), "--prompts",
+                 str(tmp_path / "prompts.txt"), "--k", "2", "--max-new-tokens", "8",
+                 "--repeats", "1", "--json", str(tmp_path / "out.json")])
+  assert rc == 0
+  rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+  assert [r["k"] for r in rows] == [2]
+  assert rows[0]["tau"] >= 1.0 and 0.0 <= rows[0]["alpha"] <= 1.0
+  assert rows[0]["equal_to_baseline"] is True and rows[0]["t_draft_round_ms"] > 0

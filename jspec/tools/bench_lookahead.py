@@ -69,23 +69,34 @@ def prompt_sets(target, per_kind: int, conversations: int, max_new_tokens: int) 
 
 
 def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, repeats: int = 3,
-        log=print) -> dict:
-  """Per set and method: tokens, tau, speedup over plain, latency percentiles."""
+        log=print, extra: dict | None = None) -> dict:
+  """Per set and method: tokens, tau, speedup over plain, latency percentiles.
+
+  extra: more methods, {name: (drafter, speculative_generate keywords)} (trained heads
+  with a K or a tree), run beside `methods`."""
   import jspec
 
   V = target.vocab_size
+  extra = extra or {}
+  methods = tuple(methods) + tuple(m for m in extra if m not in methods)
 
   def call(name, ids, mem):
     def go(stream=None):
       if name == "plain":
         return jspec.generate(target, [ids], max_new_tokens=max_new_tokens, stream=stream)
+      if name in extra:
+        made, kwargs = extra[name]
+        return jspec.speculative_generate(target, made, [ids], max_new_tokens=max_new_tokens,
+                                          stream=stream, **kwargs)
       k = jspec.AutoK(itl_bound=1.1) if name == "auto-itl" else METHODS[name]
       return jspec.speculative_generate(target, drafter(name, V, mem), [ids], num_draft_tokens=k,
                                         max_new_tokens=max_new_tokens, stream=stream)
     return go
 
   report = {"max_new_tokens": max_new_tokens, "repeats": repeats,
-            "methods": {m: {"k": METHODS[m]} for m in methods}, "sets": {}}
+            "methods": {m: ({"k": METHODS[m]} if m in METHODS else
+                            {k: str(v) for k, v in extra[m][1].items()}) for m in methods},
+            "sets": {}}
   for set_name, prompts in sets.items():
     names = ["plain"] + [m for m in methods if m != "suffix" or set_name == "multi-turn"]
     times = {n: [] for n in names}  # per call: median seconds

@@ -32,7 +32,7 @@ from jspec.tools import latency as lat
 from jspec.core.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.decode import DecodeConfig
-from jspec.core.drafter import BranchDrafter, DraftContext
+from jspec.core.drafter import BranchDrafter, DraftContext, target_for, uses_features
 from jspec.core.model import Model
 
 
@@ -66,15 +66,30 @@ def per_prompt(outs) -> list[dict]:
 
 
 def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
-               repeats: int = 20) -> float:
-  """Median wall time of one `drafter.propose` of k drafts, jitted alone (greedy)."""
+               repeats: int = 20, target: Model | None = None) -> float:
+  """Median wall time of one `drafter.propose` of k drafts, jitted alone (greedy).
+  A drafter that reads the target's features needs `target` (for their width; the
+  features themselves are zeros: the cost does not depend on them)."""
   if isinstance(drafter, Model):
     drafter = DraftModel(drafter)
   tokens = jnp.ones((batch, prefix + 1), jnp.int32)
   lengths = jnp.full((batch,), prefix + 1, jnp.int32)
-  state = jax.jit(lambda d, t, n: d.init(t, n, cache_length))(drafter, tokens, lengths)
   buffer = jnp.zeros((batch, cache_length), jnp.int32).at[:, :prefix + 1].set(tokens)
-  context = DraftContext(tokens=buffer, lengths=lengths)
+  if uses_features(drafter):
+    if target is None:
+      raise ValueError(f"{type(drafter).__name__} reads the target's features: pass target=")
+    seen = target_for(target, drafter)
+    width = jax.eval_shape(lambda: seen.apply(tokens[:, :1], seen.init_cache(batch, 8),
+                                              jnp.zeros((batch,), jnp.int32)))[1].shape[-1]
+    feats = jnp.zeros((batch, prefix, width), jnp.float32)
+    state = jax.jit(lambda d, t, n, f: d.init(t, n, cache_length, f))(drafter, tokens, lengths,
+                                                                       feats)
+    context = DraftContext(tokens=buffer, lengths=lengths,
+                           features=jnp.zeros((batch, k + 1, width), jnp.float32),
+                           feature_start=lengths - 2 - k)
+  else:
+    state = jax.jit(lambda d, t, n: d.init(t, n, cache_length))(drafter, tokens, lengths)
+    context = DraftContext(tokens=buffer, lengths=lengths)
   keys = jax.vmap(jax.random.key)(jnp.arange(batch, dtype=jnp.int32))
   propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
   jax.block_until_ready(propose(drafter, state, context, keys))
@@ -173,7 +188,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
                                prefix=prefix)
     # A branch drafter (lookahead) drafts by lookups; its work is the verify's extra rows.
     t_round = (0.0 if isinstance(drafter, BranchDrafter)
-               else round_time(drafter, len(groups[0]), k, S, prefix=prefix))
+               else round_time(drafter, len(groups[0]), k, S, prefix=prefix, target=target))
     spec_time = statistics.median(spent[k])
     same = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
                for a, b in zip(outs["base"], outs[k]))
