@@ -204,10 +204,9 @@ def make_step(cfg: TE.EagleTrainConfig):
   return optimizer, step
 
 
-@jax.jit
-def _eval(params, eagle, final_norm, tokens, features, labels, valid, steps_array):
-  return labelled_loss(params, eagle, tokens, features, labels, valid,
-                       steps_array.shape[0], final_norm)[1]
+@functools.partial(jax.jit, static_argnums=7)
+def _eval(params, eagle, final_norm, tokens, features, labels, valid, steps: int):
+  return labelled_loss(params, eagle, tokens, features, labels, valid, steps, final_norm)[1]
 
 
 def heldout_metrics(eagle, final_norm, data, rows, steps, chunk: int = 8) -> dict:
@@ -217,7 +216,7 @@ def heldout_metrics(eagle, final_norm, data, rows, steps, chunk: int = 8) -> dic
     r = rows[i:i + chunk]
     m = _eval(eagle.params, eagle, final_norm, jnp.asarray(data["windows"][r]),
               jnp.asarray(data["features"][r]), jnp.asarray(data["labels"][r]),
-              jnp.asarray(data["valid"][r]), jnp.zeros((steps,)))
+              jnp.asarray(data["valid"][r]), steps)
     for k, v in m.items():
       sums[k] = sums.get(k, 0.0) + float(v) * len(r)
     count += len(r)

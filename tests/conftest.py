@@ -66,6 +66,43 @@ def load_example(name):
   return module
 
 
+def numpy_drawn_target(vocab_size, output_scale=0.5, seed=0):
+  """A random 2-layer `tiny_config` decoder drawn with NumPy (no random-number program to
+  compile): norms 1, matrices N(0, 0.5), except the attention and MLP output projections,
+  N(0, output_scale) (small: a model close to a bigram model, which heads learn fast)."""
+  config = tiny_config(vocab_size=vocab_size, scale=0.5)
+  shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if "norm" in name:
+      return jnp.ones(leaf.shape, leaf.dtype)
+    scale = output_scale if ("wo" in name or "w_down" in name) else 0.5
+    return jnp.asarray(scale * rng.standard_normal(leaf.shape), leaf.dtype)
+
+  return jspec.models.make_model(config, jax.tree_util.tree_map_with_path(draw, shapes))
+
+
+def assert_cache_equals_chain_prefill(target, state, cache_length):
+  """The target cache of a decode state, at every committed slot but the last of each row,
+  equals the cache of feeding the committed tokens as a plain chain (tree compaction)."""
+  B = state.lengths.shape[0]
+  L = np.asarray(state.lengths)
+  chain = target.init_cache(B, cache_length)
+  _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
+      state.tokens[:, :int(L.max()) - 1], chain)
+  for name in ("k", "v"):
+    # One buffer per layer, stacked here: k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh].
+    got, want = np.stack(state.target_cache[name]), np.stack(chain[name])
+    slot_axis = 4 if name == "k" else 3
+    for b in range(B):
+      idx = np.arange(L[b] - 1)
+      np.testing.assert_allclose(np.take(got[:, b], idx, axis=slot_axis - 1),
+                                 np.take(want[:, b], idx, axis=slot_axis - 1),
+                                 rtol=1e-5, atol=1e-5, err_msg=f"{name} row {b}")
+
+
 def ragged_prompts(batch, vocab_size, seed, min_len=1, max_len=13):
   rng = np.random.default_rng(seed)
   lengths = rng.integers(min_len, max_len + 1, size=batch)

@@ -12,7 +12,8 @@ import jspec
 from jspec.core import decode
 from jspec.core.dynamic_tree import DynamicTree, RowTree, grow
 from jspec.drafters import eagle as E
-from conftest import ragged_prompts, tiny_config
+from conftest import (assert_cache_equals_chain_prefill, numpy_drawn_target, ragged_prompts,
+                      tiny_config)
 from reference import assert_counts_match
 
 
@@ -114,16 +115,7 @@ def test_per_row_masks_equal_one_row_at_a_time():
 @pytest.fixture(scope="module")
 def target():
   """A random tiny decoder with peaked logits (random heads' drafts are sometimes right)."""
-  config = tiny_config(vocab_size=48, scale=0.5)
-  shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
-  rng = np.random.default_rng(0)
-
-  def draw(path, leaf):
-    if "norm" in jax.tree_util.keystr(path):
-      return jnp.ones(leaf.shape, leaf.dtype)
-    return jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype)
-
-  return jspec.models.make_model(config, jax.tree_util.tree_map_with_path(draw, shapes))
+  return numpy_drawn_target(48)
 
 
 @pytest.mark.parametrize("layers", [(), (0, 1)], ids=["eagle1", "eagle3"])
@@ -168,19 +160,8 @@ def test_compaction_equals_chain_prefill(target):
     return state
 
   state = rounds(jnp.asarray(tokens))
-  L = np.asarray(state.lengths)
   assert np.asarray(state.stats.accepted).sum() > 0
-  chain = target.init_cache(B, S)
-  _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
-      state.tokens[:, :int(L.max()) - 1], chain)
-  for name in ("k", "v"):
-    got, want = np.stack(state.target_cache[name]), np.stack(chain[name])
-    slot_axis = 4 if name == "k" else 3
-    for b in range(B):
-      idx = np.arange(L[b] - 1)
-      np.testing.assert_allclose(np.take(got[:, b], idx, axis=slot_axis - 1),
-                                 np.take(want[:, b], idx, axis=slot_axis - 1),
-                                 rtol=1e-5, atol=1e-5, err_msg=f"{name} row {b}")
+  assert_cache_equals_chain_prefill(target, state, S)
 
 
 def test_errors(target):

@@ -14,7 +14,7 @@ import jspec
 from jspec.core.drafter import DraftContext
 from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
-from conftest import tiny_config
+from conftest import numpy_drawn_target
 
 K = 3
 S = 48  # cache slots of the hand-run rounds
@@ -74,16 +74,7 @@ def make_tree(parents, ranks):
 @pytest.fixture(scope="module")
 def target():
   """A random tiny decoder, drawn with NumPy (no random-number program to compile)."""
-  config = tiny_config(vocab_size=48, scale=0.5)
-  shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
-  rng = np.random.default_rng(0)
-
-  def draw(path, leaf):
-    if "norm" in jax.tree_util.keystr(path):
-      return jnp.ones(leaf.shape, leaf.dtype)
-    return jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype)
-
-  return jspec.models.make_model(config, jax.tree_util.tree_map_with_path(draw, shapes))
+  return numpy_drawn_target(48)
 
 
 @pytest.fixture(scope="module")

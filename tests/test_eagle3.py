@@ -13,7 +13,7 @@ from jspec.core import nn as layers
 from jspec.core.drafter import target_for
 from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
-from conftest import tiny_config
+from conftest import numpy_drawn_target
 
 LAYERS = (0, 1, 1)  # low, middle, high of a 2-layer target (a layer may repeat)
 
@@ -21,16 +21,7 @@ LAYERS = (0, 1, 1)  # low, middle, high of a 2-layer target (a layer may repeat)
 @pytest.fixture(scope="module")
 def target():
   """A random tiny 2-layer decoder drawn with NumPy, logits peaked enough to matter."""
-  config = tiny_config(vocab_size=40, scale=0.5)
-  shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
-  rng = np.random.default_rng(0)
-
-  def draw(path, leaf):
-    if "norm" in jax.tree_util.keystr(path):
-      return jnp.ones(leaf.shape, leaf.dtype)
-    return jnp.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype)
-
-  return jspec.models.make_model(config, jax.tree_util.tree_map_with_path(draw, shapes))
+  return numpy_drawn_target(40)
 
 
 @pytest.fixture(scope="module")
@@ -163,18 +154,7 @@ def test_training_lowers_the_loss_and_raises_acceptance():
   greedy text: held-out cross-entropy falls, top-1 agreement of the last unrolled step
   rises, and greedy acceptance through the engine rises. The target is close to a
   bigram model (small attention and MLP outputs), so a few dozen steps can learn it."""
-  config = tiny_config(vocab_size=40, scale=0.5)
-  shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
-  rng = np.random.default_rng(0)
-
-  def draw(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if "norm" in name:
-      return jnp.ones(leaf.shape, leaf.dtype)
-    scale = 0.02 if ("wo" in name or "w_down" in name) else 0.5
-    return jnp.asarray(scale * rng.standard_normal(leaf.shape), leaf.dtype)
-
-  target = jspec.models.make_model(config, jax.tree_util.tree_map_with_path(draw, shapes))
+  target = numpy_drawn_target(40, output_scale=0.02)
   prompts = np.random.default_rng(3).integers(0, 40, size=(48, 4)).astype(np.int32)
   text = np.asarray(jspec.generate(target, prompts.tolist(), max_new_tokens=28,
                                    eos_id=()).tokens)

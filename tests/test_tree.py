@@ -17,7 +17,8 @@ import pytest
 import jspec
 from jspec.core import decode, tree as tree_lib
 from jspec.core.tree import Tree
-from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
+from conftest import (assert_cache_equals_chain_prefill, assert_greedy_match, perturbed,
+                      ragged_prompts, tiny_config)
 from reference import assert_counts_match, processed_probs
 
 BINARY = Tree.from_paths([(0, 0), (0, 1), (1, 0), (1, 1)])  # 7 nodes, 2 children per node
@@ -181,20 +182,8 @@ def test_compaction_equals_chain_prefill(gqa_target):
     return state
 
   state = rounds(jnp.asarray(tokens))
-  L = np.asarray(state.lengths)
   assert np.asarray(state.stats.accepted).sum() > 0  # some paths went past the root
-  chain = target.init_cache(B, S)
-  _, _, chain = jax.jit(lambda t, c: target.apply(t, c, jnp.zeros((B,), jnp.int32)))(
-      state.tokens[:, :int(L.max()) - 1], chain)
-  for name in ("k", "v"):
-    # One buffer per layer, stacked here: k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh].
-    got, want = np.stack(state.target_cache[name]), np.stack(chain[name])
-    slot_axis = 4 if name == "k" else 3
-    for b in range(B):
-      idx = np.arange(L[b] - 1)
-      np.testing.assert_allclose(np.take(got[:, b], idx, axis=slot_axis - 1),
-                                 np.take(want[:, b], idx, axis=slot_axis - 1),
-                                 rtol=1e-5, atol=1e-5, err_msg=f"{name} row {b}")
+  assert_cache_equals_chain_prefill(target, state, S)
 
 
 # ----------------------------------------------------------------------------- distribution
