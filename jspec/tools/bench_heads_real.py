@@ -1,11 +1,12 @@
-"""Trained EAGLE heads on a real model against plain decoding and n-gram lookup: a chain
-of K drafts, and a dynamic tree (EAGLE-2) within a node budget.
+"""Trained drafters on a real model against plain decoding and n-gram lookup: a chain of K
+drafts, and (for EAGLE heads) a dynamic tree (EAGLE-2) within a node budget.
 
     python -m jspec.tools.bench_heads_real --head DIR [--head DIR2 ...] [--k 4]
         [--tree 16,5,4] [--per-kind 2] [--max-new-tokens 64] [--repeats 3] [--json out.json]
 
-Each `--head` is a folder written by `save_eagle` (`python -m jspec.models.recipe_eagle3`),
-loaded for the target (SmolLM2-135M-Instruct by default). Sets, timing and latency
+Each `--head` is a drafter folder: an EAGLE head (`python -m jspec.models.recipe_eagle3`),
+a draft model (`python -m jspec.models.recipe_draft`) or any folder `jspec measure
+--drafter` reads, loaded for the target (SmolLM2-135M-Instruct by default). Sets, timing and latency
 as `jspec.tools.bench_lookahead`: batch 1, greedy, the held-out chat prompts of the three
 kinds, methods interleaved, speedup = plain time over the method's, answers compared
 with plain ones.
@@ -18,15 +19,17 @@ import os
 
 
 def head_methods(target, heads, k: int, tree) -> dict:
-  """{name: (drafter, keywords)}: each head as a chain of k and as the dynamic tree."""
-  from jspec.drafters import eagle
+  """{name: (drafter, keywords)}: each drafter as a chain of k, and those that grow
+  dynamic trees as the dynamic tree too."""
+  from jspec.core.drafter import DynamicTreeDrafter
+  from jspec.tools.chat import drafter_from_dir
 
   out = {}
   for path in heads:
     name = os.path.basename(os.path.normpath(path))
-    head = eagle.load_eagle(path, target)
+    head = drafter_from_dir(path, target)
     out[f"{name} K={k}"] = (head, {"num_draft_tokens": k})
-    if tree is not None:
+    if tree is not None and isinstance(head, DynamicTreeDrafter):
       out[f"{name} tree{tree.num_nodes}"] = (head, {"tree": tree})
   return out
 
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--target", default="smollm2", help="'smollm2' or a GGUF / jspec path")
-  parser.add_argument("--head", action="append", required=True, help="an EAGLE head folder")
+  parser.add_argument("--head", action="append", required=True, help="a drafter folder (EAGLE head, draft model)")
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--tree", default="16,5,4",
                       help="dynamic tree nodes,depth,top_k ('none': chains only)")

@@ -110,15 +110,19 @@ def drafter_for(target, name: str, ngram: int = 3):
 
 
 def drafter_from_dir(path: str, target):
-  """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), or
-  a draft model (any checkpoint `jspec.load` reads)."""
+  """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), a
+  draft model that borrows the target's embedding (`jspec.io.draft_checkpoint`), or a
+  draft model in any checkpoint `jspec.load` reads."""
   import jspec
   from jspec.drafters import eagle, medusa
+  from jspec.io import draft_checkpoint
 
   if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):
     return eagle.load_eagle(path, target)
   if os.path.isfile(os.path.join(path, medusa.CONFIG_FILE)):
     return medusa.load_medusa(path, target)
+  if draft_checkpoint.is_draft_dir(path):
+    return draft_checkpoint.load_draft(path, target)
   return jspec.load(path, dtype="float32")
 
 

@@ -98,9 +98,10 @@ def load_transformers(path: str):
       dtype=torch.float32).eval()
 
 
-def _transformers(hf, ids, s: Settings, eos_ids, **extra):
+def _transformers(hf, ids, s: Settings, eos_ids, assistant=None, **extra):
   """transformers' greedy `generate` on one prompt (batch 1), stopping where jspec does;
-  `extra`: more generation settings (prompt lookup's)."""
+  `extra`: more generation settings (prompt lookup's); `assistant`: a draft model for
+  assisted generation."""
   import torch
   import transformers
 
@@ -111,7 +112,8 @@ def _transformers(hf, ids, s: Settings, eos_ids, **extra):
 
   def call():
     with torch.no_grad():
-      seq = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)
+      seq = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                        **({"assistant_model": assistant} if assistant is not None else {}))
     new = seq[0, len(ids):].numpy().astype(np.int32)
     tokens = np.full((1, s.max_new_tokens), -1, np.int32)
     tokens[0, :len(new)] = new
