@@ -255,6 +255,9 @@ SLOW_TESTS = {  # every case
     "test_dynamic_tree.py::test_compaction_equals_chain_prefill",
     "test_eagle3.py::test_measure_cli_with_a_saved_head",  # the CLI: test_measure stays fast
     "test_eagle3.py::test_shipped_smollm2_head_reproduces_its_manifest",  # the real model
+    # Draft-model distillation through the engine (its save/load and exactness stay fast).
+    "test_draft_checkpoint.py::test_distillation_lowers_kl_and_raises_engine_acceptance",
+    "test_draft_checkpoint.py::test_shipped_smollm2_draft_reproduces_its_manifest",
 }
 FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
     "test_generate.py::test_greedy_speculative_equals_baseline",
