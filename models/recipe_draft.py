@@ -148,7 +148,7 @@ def main(argv=None) -> int:
   parser.add_argument("--layers", type=int, default=2, help="decoder layers of the draft")
   parser.add_argument("--init", default="0,1",
                       help="target layers the draft's layers start from (comma-separated)")
-  parser.add_argument("--prompts", type=int, default=384)
+  parser.add_argument("--prompts", type=int, default=1024)
   parser.add_argument("--heldout", type=int, default=16, help="windows kept out of training")
   parser.add_argument("--max-prompt", type=int, default=192)
   parser.add_argument("--new-tokens", type=int, default=128)

