@@ -16,7 +16,7 @@ Weights are stored in bf16 and loaded in f32 by default (f32 is about 3x faster
 than bf16 on CPU). Each model directory has a `manifest.json`: parameters,
 tokens seen, held-out loss, the command that made it and acceptance figures.
 `models/recipe.py` rebuilds the code models, `models/recipe_eagle3.py` the SmolLM2 head,
-`models/recipe_draft.py` the SmolLM2 draft model.
+`models/recipe_draft.py` the SmolLM2 draft model (`models/recipe_smollm2.py` both).
 """
 
 from __future__ import annotations
