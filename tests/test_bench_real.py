@@ -211,8 +211,9 @@ def test_assisted_bench_against_transformers(tmp_path, monkeypatch):
   for kind, row in report["kinds"].items():
     assert row["jspec_equal_to_greedy"] and row["transformers_equal_to_greedy"], kind
     assert 1.0 <= row["tau"] <= 3.0
-    for name in ("jspec_greedy", "jspec_draft@2", "transformers_greedy",
-                 "transformers_assisted@2"):
+    for name in ("jspec_greedy", "jspec_draft@2", "jspec_draft@auto", "transformers_greedy",
+                 "transformers_assisted@2", "transformers_assisted@2+confidence"):
       assert row[name]["tokens"] > 0 and row[name]["tokens_per_s"] > 0, (kind, name)
     assert all(math.isfinite(row[k]) and row[k] > 0 for k in (
-        "jspec_speedup", "transformers_speedup", "jspec_over_transformers_assisted"))
+        "jspec_speedup", "transformers_speedup", "jspec_over_transformers_assisted",
+        "auto_speedup", "confidence_speedup", "jspec_auto_over_transformers_confidence"))

@@ -6,9 +6,11 @@
 The target is one GGUF file read by both libraries (`jspec.tools.bench_real`). The draft
 is a folder `jspec measure --drafter` reads (a draft model saved by
 `jspec.io.draft_checkpoint`, or any checkpoint `jspec.load` reads); transformers gets the
-same draft weights through `jspec.save_hf` and runs it as `assistant_model` with a
-constant K draft tokens per round (`num_assistant_tokens_schedule="constant"`), the
-rule jspec uses. transformers' assistant scores the whole vocabulary; a jspec draft
+same draft weights through `jspec.save_hf` and runs it as `assistant_model` with K draft
+tokens per round (`num_assistant_tokens_schedule="constant"`) in two forms: always K
+(`assistant_confidence_threshold=0`), the rule of jspec's fixed K, and transformers'
+default, which stops a round's drafting early once the assistant's confidence falls
+below an adaptive threshold (from 0.4), set beside jspec's `num_draft_tokens="auto"`. transformers' assistant scores the whole vocabulary; a jspec draft
 saved with a reduced vocabulary scores only its ids (FR-Spec), which changes its cost,
 not the target's output.
 
@@ -63,14 +65,21 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
   print("loading the target and the draft in transformers", flush=True)
   hf = R.load_transformers(target_path)
   with tempfile.TemporaryDirectory() as tmp:
-    hf_assistant = hf_draft(getattr(drafter, "model", drafter), tmp)
+    hf_assistant = hf_draft(getattr(drafter, "model", drafter), os.path.join(tmp, "fixed"))
+    # transformers keeps the adapted threshold on the assistant across calls: its own copy.
+    hf_assistant_adaptive = hf_draft(getattr(drafter, "model", drafter),
+                                     os.path.join(tmp, "adaptive"))
   variants = {
       "jspec_greedy": lambda ids: R._jspec(target, [ids], P, S, s),
       f"jspec_draft@{k}": lambda ids: R._jspec(target, [ids], P, S, s, drafter, k),
       "transformers_greedy": lambda ids: R._transformers(hf, ids, s, eos),
+      "jspec_draft@auto": lambda ids: R._jspec(target, [ids], P, S, s, drafter, "auto"),
       f"transformers_assisted@{k}": lambda ids: R._transformers(
           hf, ids, s, eos, assistant=hf_assistant, num_assistant_tokens=k,
-          num_assistant_tokens_schedule="constant"),
+          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
+      f"transformers_assisted@{k}+confidence": lambda ids: R._transformers(
+          hf, ids, s, eos, assistant=hf_assistant_adaptive, num_assistant_tokens=k,
+          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.4),
   }
   kinds = sorted({kind for kind, _ in prompts}, key=[kind for kind, _ in prompts].index)
   by_kind = {kind: [ids for kk, ids in prompts if kk == kind] for kind in kinds}
@@ -85,6 +94,7 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
     res[("all", name)] = {"time": statistics.median(times), "times": times,
                           "out": R._Runs([o for p in parts for o in p["out"].outs])}
   jd, ta = f"jspec_draft@{k}", f"transformers_assisted@{k}"
+  ja, tc = "jspec_draft@auto", f"transformers_assisted@{k}+confidence"
   report = {"target": os.path.basename(target_path), "draft": os.path.basename(
       os.path.normpath(draft_dir)), "k": k, "max_new_tokens": max_new_tokens,
             "repeats": repeats, "torch_threads": __import__("torch").get_num_threads(),
@@ -97,18 +107,32 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
     row["transformers_speedup"] = R._rate_ratio(res[(kind, ta)],
                                                 res[(kind, "transformers_greedy")])
     row["jspec_over_transformers_assisted"] = R._rate_ratio(res[(kind, jd)], res[(kind, ta)])
-    row["jspec_equal_to_greedy"] = all(
-        R.leading_agreement(a, g) == len(a) == len(g) for a, g in
-        zip(out.answers(), res[(kind, "jspec_greedy")]["out"].answers()))
+    row["auto_speedup"] = R._rate_ratio(res[(kind, ja)], res[(kind, "jspec_greedy")])
+    row["confidence_speedup"] = R._rate_ratio(res[(kind, tc)],
+                                              res[(kind, "transformers_greedy")])
+    row["jspec_auto_over_transformers_confidence"] = R._rate_ratio(res[(kind, ja)],
+                                                                   res[(kind, tc)])
+    row["jspec_equal_to_greedy"] = all(_same(res[(kind, name)], res[(kind, "jspec_greedy")])
+                                       for name in (jd, ja))
     row["transformers_equal_to_greedy"] = all(
-        R.leading_agreement(a, g) == len(a) == len(g) for a, g in
-        zip(res[(kind, ta)]["out"].answers(), res[(kind, "transformers_greedy")]["out"].answers()))
+        _same(res[(kind, name)], res[(kind, "transformers_greedy")]) for name in (ta, tc))
     report["kinds"][kind] = row
     print(f"  {kind:9s} tau {row['tau']:.2f}  jspec draft {row['jspec_speedup']:.2f}x "
           f"({row[jd]['tokens_per_s']:.1f} tok/s)  transformers assisted "
           f"{row['transformers_speedup']:.2f}x ({row[ta]['tokens_per_s']:.1f} tok/s)  "
-          f"jspec / transformers {row['jspec_over_transformers_assisted']:.2f}x", flush=True)
+          f"jspec / transformers {row['jspec_over_transformers_assisted']:.2f}x; adaptive: jspec "
+          f"auto {row['auto_speedup']:.2f}x, transformers confidence "
+          f"{row['confidence_speedup']:.2f}x, jspec / transformers "
+          f"{row['jspec_auto_over_transformers_confidence']:.2f}x", flush=True)
   return report
+
+
+def _same(a, b) -> bool:
+  """Whether two timed variants gave the same answers, prompt by prompt."""
+  from jspec.tools.real_sections import leading_agreement
+
+  return all(leading_agreement(x, y) == len(x) == len(y)
+             for x, y in zip(a["out"].answers(), b["out"].answers()))
 
 
 def main(argv=None) -> int:
