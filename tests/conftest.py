@@ -157,6 +157,22 @@ def far_draft():
   return jspec.models.init(tiny_config(layers=1, hidden=16, heads=2, kv_heads=1), seed=3)
 
 
+def assert_reproduces_chat_manifest(target, drafter, manifest: dict) -> None:
+  """A shipped SmolLM2 drafter reproduces its manifest's held-out chat tau (K = 4 chain,
+  greedy, batch 1) within 3% per prompt kind, with outputs equal to plain greedy."""
+  from jspec.models import recipe_eagle3
+  from jspec.tools import demo
+
+  chosen = demo.pick(demo.chat_prompts(), 4)
+  for kind, want in manifest["chat_heldout_k4"].items():
+    prompts = [target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": p["content"]}], add_generation_prompt=True, tokenize=True)
+        for p in chosen if p["kind"] == kind]
+    got = recipe_eagle3.chat_acceptance(target, drafter, prompts, 4, want["new_tokens"])
+    assert got["greedy_equal"], kind
+    assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
+
+
 # ----------------------------------------------------------------------------- test lanes
 # `pytest` (README's command) runs the fast lane; `pytest -m slow` the slow lane, and CI runs
 # both. A test goes to the slow lane when it takes many seconds on a 2-core CPU: notebooks,

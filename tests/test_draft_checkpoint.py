@@ -15,7 +15,7 @@ from jspec.io import draft_checkpoint as DC
 from jspec.models import recipe_draft as RD
 from jspec.models import recipe_eagle3 as RE
 from jspec.tools.chat import drafter_from_dir
-from conftest import perturbed, tiny_config
+from conftest import assert_reproduces_chat_manifest, perturbed, tiny_config
 
 V = 48
 
@@ -173,14 +173,7 @@ def test_shipped_smollm2_draft_reproduces_its_manifest():
   draft = DC.load_draft(folder, target)
   assert draft.model.config.num_hidden_layers == manifest["layers"]
   assert int(draft.ids.shape[0]) == manifest["draft_vocab"]
-  chosen = demo.pick(demo.chat_prompts(), 4)
-  for kind, want in manifest["chat_heldout_k4"].items():
-    prompts = [target.tokenizer.apply_chat_template(
-        [{"role": "user", "content": p["content"]}], add_generation_prompt=True, tokenize=True)
-        for p in chosen if p["kind"] == kind]
-    got = RE.chat_acceptance(target, draft, prompts, 4, want["new_tokens"])
-    assert got["greedy_equal"], kind
-    assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
+  assert_reproduces_chat_manifest(target, draft, manifest)
 
 
 def test_one_command_runs_both_recipes_on_one_work_folder(monkeypatch):

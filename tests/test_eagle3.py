@@ -13,7 +13,7 @@ from jspec.core import nn as layers
 from jspec.core.drafter import target_for
 from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
-from conftest import numpy_drawn_target
+from conftest import assert_reproduces_chat_manifest, numpy_drawn_target
 
 LAYERS = (0, 1, 1)  # low, middle, high of a 2-layer target (a layer may repeat)
 
@@ -226,7 +226,7 @@ def test_shipped_smollm2_head_reproduces_its_manifest():
   import json
   import os
 
-  from jspec.models import recipe_eagle3, shipped
+  from jspec.models import shipped
   from jspec.tools import demo
 
   path = demo.smollm2_path()
@@ -239,11 +239,4 @@ def test_shipped_smollm2_head_reproduces_its_manifest():
   head = E.load_eagle(folder, target)
   assert head.feature_layers == tuple(manifest["config"]["feature_layers"])
   assert int(head.ids.shape[0]) == manifest["draft_vocab"]
-  chosen = demo.pick(demo.chat_prompts(), 4)
-  for kind, want in manifest["chat_heldout_k4"].items():
-    prompts = [target.tokenizer.apply_chat_template(
-        [{"role": "user", "content": p["content"]}], add_generation_prompt=True, tokenize=True)
-        for p in chosen if p["kind"] == kind]
-    got = recipe_eagle3.chat_acceptance(target, head, prompts, 4, want["new_tokens"])
-    assert got["greedy_equal"], kind
-    assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
+  assert_reproduces_chat_manifest(target, head, manifest)

@@ -226,14 +226,7 @@ def _load_native(path: str, dtype, layout=None) -> Model:
 
 def _read_config(config_path: str):
   meta = read_format_file(config_path, FORMAT, FORMAT_VERSION, "a jspec checkpoint config")
-  for key in ("config_class", "config", "eos_ids"):
-    if key not in meta:
-      raise ValueError(f"{config_path}: missing field {key!r}")
-  config_cls = _config_class(meta["config_class"], config_path)
-  try:
-    config = config_cls.from_dict(meta["config"])
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{config_path}: invalid {meta['config_class']}: {e}") from e
+  config = zoo_config(meta, config_path, ("eos_ids",))
   eos_ids = meta["eos_ids"]
   if not isinstance(eos_ids, list) or not all(
       isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size
@@ -241,6 +234,20 @@ def _read_config(config_path: str):
     raise ValueError(f"{config_path}: eos_ids must be a list of ids in [0, "
                      f"{config.vocab_size}), got {eos_ids!r}")
   return config, tuple(eos_ids)
+
+
+def zoo_config(meta: dict, config_path: str, required=()):
+  """The model-zoo config a checkpoint config file names (`config_class`, `config`),
+  checked: those fields and `required` ones present, a class `jspec.models` exports,
+  fields it accepts. Errors name `config_path`."""
+  for key in ("config_class", "config", *required):
+    if key not in meta:
+      raise ValueError(f"{config_path}: missing field {key!r}")
+  config_cls = _config_class(meta["config_class"], config_path)
+  try:
+    return config_cls.from_dict(meta["config"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{config_path}: invalid {meta['config_class']}: {e}") from e
 
 
 def _config_class(name: Any, config_path: str) -> type:

@@ -92,18 +92,11 @@ def load_draft(path, target: Model, dtype="float32") -> DraftModel:
   dtype: floating-point params are cast to it (default f32; None keeps stored).
   """
   from jspec import models
-  from jspec.io.checkpoint import _config_class
+  from jspec.io.checkpoint import zoo_config
 
   path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "draft model")
   config_path = os.path.join(path, CONFIG_FILE)
-  for key in ("config_class", "config", "borrowed"):
-    if key not in meta:
-      raise ValueError(f"{config_path}: missing field {key!r}")
-  cls = _config_class(meta["config_class"], config_path)
-  try:
-    config = cls.from_dict(meta["config"])
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{config_path}: invalid {meta['config_class']}: {e}") from e
+  config = zoo_config(meta, config_path, ("borrowed",))
   borrowed = meta["borrowed"]
   if not isinstance(borrowed, list) or any(b not in BORROWABLE for b in borrowed):
     raise ValueError(f"{config_path}: 'borrowed' must list params among {BORROWABLE}, got "
