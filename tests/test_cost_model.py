@@ -1,16 +1,18 @@
 """The prior of round costs (`jspec.core.cost_model`) and the choice of compiled K
 (`jspec.core.schedule.select`): host-side arithmetic on made-up device rates."""
 
+import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jspec
 from conftest import tiny_config
 from jspec.core import schedule
-from jspec.core import cost_model
+from jspec.core import cost_model, weight_products
 from jspec.models import transformer
 
 # A CPU-like device: 20 GB/s, compute that grows slowly with rows (a 5-row product
@@ -125,3 +127,83 @@ def test_the_device_probe_measures_sane_rates():
   assert all(c > 0 for c in rates.compute)
   # More rows per streamed byte: the rate rises from one row to many.
   assert rates.compute[-1] > 4 * rates.compute[0]
+
+
+# ----------------------------------------------------------------------------- weight products
+
+
+@pytest.fixture(scope="module")
+def small():
+  """A real (not abstract) tiny target in decoding form: its products can be timed."""
+  return jspec.models.init(tiny_config(64, layers=2, hidden=32), seed=3).decoding_form()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("batch,block", [(1, 1), (2, 5)])
+def test_weight_products_are_the_models_matrices(small, dtype, batch, block):
+  model = small
+  if dtype == "bfloat16":  # weights cast inside the call are still weights
+    model = dataclasses.replace(small, params=jax.tree_util.tree_map(
+        lambda x: x.astype(jnp.bfloat16), small.params))
+  products = weight_products.weight_products(model, batch, block, 32)
+  # Per layer: the fused q/k/v, the attention output, the fused gate/up, the down
+  # projection; then the output head (the tied embedding).
+  assert len(products) == 4 * 2 + 1
+  assert weight_products.coverage(model, products) > 0.9
+  leaves = jax.tree_util.tree_leaves(model.params)
+  for p in products:
+    assert np.prod(p.activation.shape) % (batch * block) == 0  # rows of this call
+    lhs = (leaves[p.leaf].shape, p.activation.shape)[::1 if p.weight_first else -1]
+    (lc, rc), _ = p.dimension_numbers
+    assert [lhs[0][i] for i in lc] == [lhs[1][i] for i in rc]  # contracted sizes agree
+  assert weight_products.products_time(model, products, repeats=1) > 0
+
+
+def test_growth_is_measured_once_and_interpolated(small, tmp_path, monkeypatch):
+  timed = []
+
+  def fake(model, products, repeats=5):  # a call costing 1 + rows ** 0.5 units
+    rows = products[0].activation.shape[0] * products[0].activation.shape[1]
+    timed.append(rows)
+    return 1.0 + rows ** 0.5
+
+  monkeypatch.setattr(weight_products, "products_time", fake)
+  got = weight_products.growth(small, 1, [1, 2, 3, 5, 7], 32, str(tmp_path))
+  assert sorted(timed) == [1, 2, 7]  # 1, 2 and the largest block only
+  f = lambda t: 1.0 + t ** 0.5
+  assert got[1] == 1.0 and got[2] == pytest.approx(f(2) / f(1))
+  assert got[7] == pytest.approx(f(7) / f(1))
+  w = np.log(5 / 2) / np.log(7 / 2)  # log-linear between 2 and 7
+  assert got[5] == pytest.approx(((1 - w) * f(2) + w * f(7)) / f(1))
+  assert all(got[a] <= got[b] for a, b in zip([1, 2, 3, 5], [2, 3, 5, 7]))
+  # Kept on disk: a second call (another process alike) times nothing.
+  monkeypatch.setattr(weight_products, "products_time", lambda *a, **k: 1 / 0)
+  assert weight_products.growth(small, 1, [1, 2, 3, 5, 7], 32, str(tmp_path)) == got
+  assert (tmp_path / "products.json").exists()
+
+
+def test_growth_is_none_for_a_model_whose_products_miss_its_weights(small, tmp_path):
+  def apply(config, params, tokens, cache, start, block_mask=None, depth=None):
+    # Weights reshaped before use: the products read derived arrays, not the leaves.
+    w = params["w"].reshape(-1, 8)
+    x = jax.nn.one_hot(tokens, 8)
+    return x @ w, x, cache
+
+  odd = jspec.Model(params={"w": jnp.ones((2, 4, 8))}, config=None, apply_fn=apply,
+                    init_cache_fn=lambda config, batch, length, dtype=None: {})
+  assert weight_products.growth(odd, 1, [1, 3], 16, str(tmp_path)) is None
+
+
+def test_the_prior_follows_the_measured_growth(tied):
+  ks = (0, 1, 4)
+  ngram = jspec.NGram(tied.vocab_size)
+  plain = cost_model.prior_costs(tied, ngram, 1, 128, ks, CPU)
+  steep = cost_model.prior_costs(tied, ngram, 1, 128, ks, CPU, {1: 1.0, 2: 3.0, 5: 3.5})
+  assert steep[0] == pytest.approx(plain[0])  # a one-token call is the rates' own
+  # The weights' time of a one-token call, times the growth; attention as before.
+  w_bytes, w_params = cost_model._streamed(tied)
+  one = max(w_bytes / CPU.bandwidth, 2 * w_params / CPU.flops_rate(1))
+  attention = lambda block: cost_model.call_time(tied, 1, block, 128, CPU, {block: 0.0})
+  assert steep[1] == pytest.approx(3.0 * one + attention(2))
+  assert steep[2] == pytest.approx(3.5 * one + attention(5))
+  assert steep[1] / steep[0] > plain[1] / plain[0]

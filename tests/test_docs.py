@@ -31,6 +31,7 @@ MODULES = (
     "jspec.core.stats",
     "jspec.drafters.draft_model",
     "jspec.core.dynamic",
+    "jspec.core.weight_products",
     "jspec.tools.bench",
     "jspec.tools.bench_report",
     "jspec.tools.bench_timing",

@@ -18,7 +18,7 @@ import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
 from jspec.core import dynamic, schedule
-from jspec.core import cost_model
+from jspec.core import cost_model, weight_products
 from jspec.tools import profile
 from jspec.core.drafter import DraftContext
 from reference import assert_counts_match
@@ -239,8 +239,11 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
   assert asked == [filtered]
 
 
-def test_auto_without_a_profile_uses_the_prior_and_times_nothing(tmp_path, monkeypatch, target,
-                                                                 far_draft):
+def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monkeypatch, target,
+                                                                  far_draft):
+  """Without a saved profile, "auto" prices rounds with the prior: no round is timed.
+  The target's weight products are timed once for this machine, model and batch (the
+  prior's growth with the block, `jspec.core.weight_products`) and read back after."""
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
 
   def never(*args):
@@ -250,21 +253,33 @@ def test_auto_without_a_profile_uses_the_prior_and_times_nothing(tmp_path, monke
   # The device's rates as if measured before (the probe has a slow test of its own).
   rates = cost_model.DeviceRates(bandwidth=20e9, rows=(1, 8, 512), compute=(10e9, 30e9, 170e9))
   monkeypatch.setattr(cost_model, "device_rates", lambda cache_dir=None: rates)
-  priced = []
-  prior = cost_model.prior_costs
+  priced, timed = [], []
+  prior, products_time = cost_model.prior_costs, weight_products.products_time
 
   def recording(*args, **kw):
-    priced.append(args[4])
+    priced.append((args[4], sorted(args[6])))
     return prior(*args, **kw)
 
+  def timing(model, products, repeats=5):
+    timed.append(products[0].activation.shape[:2])
+    return products_time(model, products, repeats)
+
   monkeypatch.setattr(cost_model, "prior_costs", recording)
+  monkeypatch.setattr(weight_products, "products_time", timing)
   prompts = ragged_prompts(2, target.vocab_size, seed=4)
   out = jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
                                    max_new_tokens=8, eos_id=())
   base = jspec.generate(target, prompts, max_new_tokens=8, eos_id=())
-  assert priced == [schedule.AutoK().choices]
+  choices = schedule.AutoK().choices
+  assert [p[0] for p in priced] == [choices]
+  assert priced[0][1] == sorted(k + 1 for k in choices)  # a growth per block
+  assert sorted(timed) == [(2, 1), (2, 2), (2, max(choices) + 1)]  # [B, T] of each probe
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
-  assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 3
+  assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 2
+  # A second call reads the products' times back.
+  jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
+                             max_new_tokens=8, eos_id=())
+  assert len(timed) == 3 and (tmp_path / "products.json").exists()
 
 
 @pytest.mark.parametrize("bad", [

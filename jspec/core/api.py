@@ -105,7 +105,9 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   inside the loop from the running acceptance and round costs at this batch size:
   a profile saved by `jspec profile` when there is one for these models and shapes,
   else a prior from the models' bytes and FLOPs and the device's rates (measured once
-  per machine and saved; `jspec.core.cost_model`). The call itself times nothing; the
+  per machine and saved; `jspec.core.cost_model`), shaped by how the target's weight
+  products grow with the block (timed once per machine, model and batch and saved;
+  `jspec.core.weight_products`). The call never times a round; the
   choice is `jspec.core.schedule`, the loop `jspec.core.dynamic`. When no K can beat plain decoding
   at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
   decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
@@ -297,16 +299,19 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
 
 
 def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: bool):
-  """Round costs for "auto" without timing anything: a profile saved for these models
-  and shapes (`jspec profile`), else the prior from bytes, FLOPs and the device's rates."""
-  from jspec.core import cost_model
+  """Round costs for "auto": a profile saved for these models and shapes (`jspec
+  profile`), else the prior from bytes, FLOPs and the device's rates, shaped by how the
+  target's weight products grow with the block (`jspec.core.weight_products`: timed
+  once per machine, model and batch, then read from the cache folder)."""
+  from jspec.core import cost_model, weight_products
 
   saved = cost_model.saved_round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
                                     filtered=filtered, cache_dir=auto.cache_dir)
   if saved is not None:
     return saved
+  growth = weight_products.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
   return cost_model.prior_costs(target, drafter, B, S, auto.choices,
-                                cost_model.device_rates(auto.cache_dir))
+                                cost_model.device_rates(auto.cache_dir), growth)
 
 
 def _placed(model: Model, layout, replicate: bool) -> Model:

@@ -1,4 +1,4 @@
-"""A prior for what a decode round costs, from bytes and FLOPs: no model is timed.
+"""A prior for what a decode round costs, from bytes and FLOPs: no round is timed.
 
 `"auto"` needs the cost of a round at each K before it has run one. A decode call at
 small batch streams every weight once (memory-bound); more rows per call add work
@@ -22,7 +22,12 @@ cost nothing here.
 The prior leaves out what a round does beyond its calls (acceptance, commit, the
 loop), 20-40% of a round at batch 8-64 on XLA CPU. A profile (`jspec.tools.profile`)
 measures whole rounds when that matters; what it saved is read here
-(`saved_round_costs`), so a decoding call never times anything.
+(`saved_round_costs`), so a decoding call never times a round.
+
+How a call's cost grows with its block is where bytes and FLOPs mislead most on a
+small CPU (the cost of a product over a few rows depends on the matrix's shape), so
+`call_time` can take that growth measured on the model's own weight products
+(`jspec.core.weight_products.growth`, timed once per machine, model and batch).
 """
 
 from __future__ import annotations
@@ -228,14 +233,24 @@ def _streamed(model) -> tuple[float, float]:
   return w_bytes, w_params
 
 
-def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRates) -> float:
-  """Prior seconds of one cached call of `model` on `block` tokens per row."""
+def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRates,
+              growth: dict[int, float] | None = None) -> float:
+  """Prior seconds of one cached call of `model` on `block` tokens per row.
+
+  growth: {block: cost ratio to a one-token call} measured from the model's own weight
+  products (`jspec.core.weight_products.growth`); the weights' time is then that of a
+  one-token call times growth[block] rather than the probe's compute rate at
+  batch * block rows."""
   w_bytes, w_params = _streamed(model)
   cache = jax.eval_shape(lambda: model.init_cache(batch, cache_length))
   c_bytes, c_elems = _bytes_and_params(cache)
   r = batch * block
   rate = rates.flops_rate(r)
-  weights = max(w_bytes / rates.bandwidth, 2.0 * w_params * r / rate)
+  if growth is not None and block in growth:
+    one = max(w_bytes / rates.bandwidth, 2.0 * w_params * batch / rates.flops_rate(batch))
+    weights = one * growth[block]
+  else:
+    weights = max(w_bytes / rates.bandwidth, 2.0 * w_params * r / rate)
   attention = c_bytes / rates.bandwidth + 4.0 * block * c_elems / rate
   return weights + attention
 
@@ -252,26 +267,30 @@ def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRa
 
 
 def prior_costs(target, drafter, batch: int, cache_length: int, choices,
-                rates: DeviceRates | None = None) -> tuple[float, ...]:
+                rates: DeviceRates | None = None,
+                growth: dict[int, float] | None = None) -> tuple[float, ...]:
   """Prior seconds of a whole round at each K in `choices` (0: a plain round).
 
-  Kept per process for the same shapes: working it out traces the models' cache
-  shapes, about 20 ms of host time, which on a small model is a tenth of a call."""
+  growth: the target's `weight_products.growth` at blocks K + 1 (None: the rates'
+  curve alone). Kept per process for the same shapes: working it out traces the
+  models' cache shapes, about 20 ms of host time, which on a small model is a tenth
+  of a call."""
   rates = rates or DeviceRates.measure()
   key = json.dumps([_fingerprint(target), _fingerprint(drafter), batch, cache_length,
-                    list(choices), dataclasses.asdict(rates)], sort_keys=True)
+                    list(choices), dataclasses.asdict(rates),
+                    sorted((growth or {}).items())], sort_keys=True)
   if key not in _PRIORS:
-    _PRIORS[key] = _prior_costs(target, drafter, batch, cache_length, choices, rates)
+    _PRIORS[key] = _prior_costs(target, drafter, batch, cache_length, choices, rates, growth)
   return _PRIORS[key]
 
 
 _PRIORS: dict[str, tuple[float, ...]] = {}
 
 
-def _prior_costs(target, drafter, batch, cache_length, choices, rates):
+def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth):
   from jspec.core.schedule import monotone  # a round with more drafts never costs less
 
   return monotone(choices, [
-      call_time(target, batch, k + 1, cache_length, rates)
+      call_time(target, batch, k + 1, cache_length, rates, growth)
       + (drafter_time(drafter, batch, k, cache_length, rates) if k else 0.0)
       for k in choices])

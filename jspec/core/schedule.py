@@ -19,11 +19,11 @@ schedule without that margin changed K every two to four rounds on the shipped p
 
 The costs come from the call (`AutoK.costs`), from a profile timed and saved before
 (`jspec profile`, `jspec.tools.profile.profile_auto`), or from the prior of `jspec.core.cost_model` (the
-models' bytes and FLOPs against the device's measured bandwidth and compute). A call
-never times anything itself. Every compiled K is a verify program of its own, so the
-first call's compile time grows with their number: `select` keeps at most
-`AutoK.variants` (on SmolLM2-135M, 2-core CPU: K in {0, 4} compiled in 19 s against
-14 s for K = 4 alone; six K took 35 s).
+models' bytes and FLOPs against the device's measured bandwidth and compute, shaped by
+the target's weight products). A call never times a round itself. Every compiled K is a
+verify program of its own, so the first call's compile time grows with their number:
+`select` keeps at most `AutoK.variants`, by default 2, K = 0 and one K (on SmolLM2-135M,
+2-core CPU, first calls: three programs 1.8x a fixed K's, two 1.5x).
 
 Everything here is NumPy on the host or jnp inside the loop, with no state of its own.
 """
@@ -38,7 +38,7 @@ import numpy as np
 
 MAX_GAP_FACTOR = 16  # probes back off to at most this many times `probe_every`
 DEFAULT_CHOICES = (0, 1, 2, 3, 4, 6)
-DEFAULT_VARIANTS = 3  # of the default choices, compiled at most
+DEFAULT_VARIANTS = 2  # of the default choices, compiled at most: K = 0 and one K
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class AutoK:
     (`jspec profile`, `jspec.tools.profile.profile_auto`), else the prior of `jspec.core.cost_model` (no timing).
   variants: how many choices are compiled into the loop at most, 0 included. Each
     is a verify program of its own: compile time grows with it (module docstring).
-    None: 3 of the default choices, or every one of choices given explicitly.
+    None: 2 of the default choices, or every one of choices given explicitly.
   cache_dir: a folder of saved profiles (`jspec profile --cache-dir`); None: the
     default, $JSPEC_CACHE_DIR or ~/.cache/jspec. Read only; nothing is timed in a call.
   itl_bound: a bound on the tail of the inter-token latency, as a multiple of plain

@@ -1,7 +1,8 @@
 """Timing decode rounds on this device: the profile that `"auto"` reads.
 
-`num_draft_tokens="auto"` never times anything inside a call: it starts from the
-prior of `jspec.core.cost_model`. This module measures what a round really costs, when
+`num_draft_tokens="auto"` never times a round inside a call: it starts from the
+prior of `jspec.core.cost_model` (whose only timing, the target's weight products, runs
+once per machine and model). This module measures what a round really costs, when
 asked (`jspec profile`, `profile_auto`), and keeps the times in
 `<cache_dir>/costs.json` under a key of the machine, the models' shapes and the call's
 shape; later calls with the same setup read them (`jspec.core.cost_model.saved_round_costs`).
