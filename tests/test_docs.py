@@ -32,6 +32,7 @@ MODULES = (
     "jspec.drafters.draft_model",
     "jspec.core.dynamic",
     "jspec.core.weight_products",
+    "jspec.drafters.eagle_tree",
     "jspec.tools.bench",
     "jspec.tools.bench_report",
     "jspec.tools.bench_timing",

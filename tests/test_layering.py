@@ -84,3 +84,11 @@ def test_no_module_imports_a_layer_above_its_own(path):
   allowed = EXCEPTIONS.get((path.parent.name, path.name), set())
   found = layer_imports(path.read_text(), FORBIDDEN[path.parent.name] - allowed)
   assert not found, f"jspec/{path.parent.name}/{path.name} imports across layers: {found}"
+
+
+def test_modules_stay_small():
+  """One concern per module: none above 400 lines (split it when it grows past)."""
+  sizes = {f"{p.parent.name}/{p.name}": len(p.read_text().splitlines())
+           for layer in FORBIDDEN for p in modules(layer)}
+  assert len(sizes) > 50
+  assert not {name: n for name, n in sizes.items() if n > 400}

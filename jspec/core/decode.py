@@ -45,10 +45,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.core import acceptance, constrained, prefill, sampling, sharding, streaming
-from jspec.core import logprobs as logprobs_lib
-from jspec.core import stats as stats_lib
+from jspec.core import logprobs as logprobs_lib, stats as stats_lib, tree as tree_lib
 from jspec.core.stats import DecodeStats
-from jspec.core import tree as tree_lib
 from jspec.core.drafter import DraftContext, target_for, uses_features
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
