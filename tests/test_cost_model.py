@@ -207,3 +207,10 @@ def test_the_prior_follows_the_measured_growth(tied):
   assert steep[1] == pytest.approx(3.0 * one + attention(2))
   assert steep[2] == pytest.approx(3.5 * one + attention(5))
   assert steep[1] / steep[0] > plain[1] / plain[0]
+
+
+def test_fingerprints_hold_no_addresses(small):
+  """Saved costs are keyed by the models' fingerprint: an object address in it (a
+  function's repr) would differ in every process, and nothing saved would be found."""
+  for obj in (small, (small, jspec.NGram(small.vocab_size)), jspec.DraftModel(small)):
+    assert "0x" not in json.dumps(cost_model._fingerprint(obj))

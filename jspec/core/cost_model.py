@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import time
 from typing import Any
 
@@ -120,9 +121,14 @@ COSTS_VERSION = 3
 
 
 def _fingerprint(obj) -> Any:
-  """Shapes, dtypes and static settings of a model or drafter (not its values)."""
+  """Shapes, dtypes and static settings of a model or drafter (not its values).
+
+  The same in every process: a model's functions are static fields whose repr carries
+  their address ("<function apply at 0x7f..>"), which is dropped here, or nothing
+  saved by one process would ever be found by the next."""
   leaves, treedef = jax.tree_util.tree_flatten(obj)
-  return [str(treedef), [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
+  return [re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
+          [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
 
 
 def cache_path(cache_dir: str | None = None) -> str:
