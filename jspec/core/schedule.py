@@ -23,7 +23,7 @@ models' bytes and FLOPs against the device's measured bandwidth and compute, sha
 the target's weight products). A call never times a round itself. Every compiled K is a
 verify program of its own, so the first call's compile time grows with their number:
 `select` keeps at most `AutoK.variants`, by default 2, K = 0 and one K (on SmolLM2-135M,
-2-core CPU, first calls: three programs 1.8x a fixed K's, two 1.5x).
+2-core CPU, first calls: three programs 1.8x a fixed K's, two 1.2x).
 
 Everything here is NumPy on the host or jnp inside the loop, with no state of its own.
 """
