@@ -1,6 +1,6 @@
 """Command line: the main job (`jspec demo`), text generation, checkpoint conversion.
 
-    jspec demo [--k 4|auto] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
+    jspec demo [--k auto|4] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
                    [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
                    [--draft DIR|ngram] [--chat]
@@ -229,7 +229,8 @@ def main(argv=None) -> int:
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("demo", help="real chat model (or the shipped pair): baseline vs "
                      "speculative, checked equal, timed")
-  p.add_argument("--k", default="4", help="draft tokens per round, or auto")
+  p.add_argument("--k", default="auto", help="draft tokens per round, or auto (the default: "
+                 "K per round, 0 where drafting cannot pay; the shipped pair uses 4)")
   p.add_argument("--max-new-tokens", type=int, default=96)
   p.add_argument("--per-kind", type=int, default=1,
                  help="held-out prompts of each kind (restate, explain, question)")
