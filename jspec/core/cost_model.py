@@ -84,10 +84,7 @@ def machine() -> list:
 def device_rates(cache_dir: str | None = None) -> DeviceRates:
   """This device's rates: read from <cache_dir>/device.json (jspec's cache folder by
   default) when this machine measured them before, else measured once and saved."""
-  from jspec.core import compilation
-
-  path = os.path.join(os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root(),
-                      "device.json")
+  path = cache_path(cache_dir, "device.json")
   key = json.dumps(machine())
   table = {}
   try:
@@ -131,13 +128,14 @@ def _fingerprint(obj) -> Any:
           [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
 
 
-def cache_path(cache_dir: str | None = None) -> str:
-  """Where profiles are kept: <cache_dir>/costs.json, by default in jspec's cache
-  folder ($JSPEC_CACHE_DIR, else ~/.cache/jspec)."""
+def cache_path(cache_dir: str | None = None, name: str = "costs.json") -> str:
+  """Where saved measurements are kept: <cache_dir>/<name> (profiles: costs.json;
+  device rates: device.json; weight products: products.json), by default in jspec's
+  cache folder ($JSPEC_CACHE_DIR, else ~/.cache/jspec)."""
   from jspec.core import compilation
 
   root = os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root()
-  return os.path.join(root, "costs.json")
+  return os.path.join(root, name)
 
 
 _TABLES: dict = {}  # path -> ((mtime_ns, size), table): the file parsed once, not per call

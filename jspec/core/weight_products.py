@@ -22,15 +22,13 @@ scales its bandwidth-and-FLOPs estimate of a one-token call by growth(T). Measur
 at T = 1, 2 and the largest block; between 2 and the largest, interpolated in
 log T (a call's cost grows steeply from 1 to 2 tokens and slowly after). Kept in
 `<cache_dir>/products.json` under the machine, the model's shapes and the batch, so
-one machine measures one model once (SmolLM2-135M: about 3 s).
+one machine measures one model once (SmolLM2-135M: about 4 s).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import time
 from typing import Any
 
 import jax
@@ -38,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend import core as jcore
+
+from jspec.core import cost_model
 
 # Below this fraction of the weights' parameters reached by the products found (a
 # model that reshapes or dequantises its weights inside the call), no growth is
@@ -133,13 +133,7 @@ def products_time(model, products: list[Product], repeats: int = 5) -> float:
 
   weights = [leaves[i] for i in used]
   xs = [jnp.full(p.activation.shape, 0.01, p.activation.dtype) for p in products]
-  jax.block_until_ready(run(weights, xs))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(weights, xs))
-    best = min(best, time.perf_counter() - t0)
-  return best
+  return cost_model._best_time(run, weights, xs, repeats=repeats)
 
 
 def growth(model, batch: int, blocks, cache_length: int,
@@ -148,12 +142,9 @@ def growth(model, batch: int, blocks, cache_length: int,
   weight products (module docstring); None when they cover too little of the model.
 
   Reads and extends `<cache_dir>/products.json`; measures only what it lacks."""
-  from jspec.core import compilation, cost_model
-
   blocks = sorted({int(t) for t in blocks} | {1})
   measured = sorted({1, min(2, blocks[-1]), blocks[-1]})
-  root = os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root()
-  path = os.path.join(root, "products.json")
+  path = cost_model.cache_path(cache_dir, "products.json")
   table = cost_model.read_table(path)
   base = [cost_model.machine(), cost_model._fingerprint(model), batch, VERSION]
   times, new = {}, False
