@@ -71,35 +71,35 @@ def _config(d, f, layers, heads, kv_heads) -> TransformerConfig:
                            tie_word_embeddings=True, initializer_range=0.02)
 
 
-def _train(steps, lr, warmup, seed, batch=8, seq_len=256) -> TrainConfig:
-  return TrainConfig(steps=steps, batch_size=batch, seq_len=seq_len, learning_rate=lr,
-                     warmup_steps=warmup, end_learning_rate=lr / 10, eval_every=200,
-                     checkpoint_every=100, seed=seed)
+def _preset(target, draft, schedules, *, continuations, continuation_prompt, seq_len,
+            batch=8, train_seq_len=256) -> Preset:
+  """`schedules`: (steps, peak learning rate, warmup steps) of the target, draft and
+  distillation stages, in that order; seeds 0, 1, 2."""
+  target_train, draft_train, distill_train = (
+      TrainConfig(steps=steps, batch_size=batch, seq_len=train_seq_len, learning_rate=lr,
+                  warmup_steps=warmup, end_learning_rate=lr / 10, eval_every=200,
+                  checkpoint_every=100, seed=seed)
+      for seed, (steps, lr, warmup) in enumerate(schedules))
+  return Preset(target, draft, target_train, draft_train, distill_train, continuations,
+                continuation_prompt, seq_len)
 
 
 PRESETS = {
     # 2 CPU cores, about an hour in all: a 5.3M target (4 layers, d256, GQA 4/2) and
     # a 1.5M draft (2 layers, d128) whose decode step costs ~1/8 of the target's.
-    "cpu": Preset(
-        target=_config(256, 768, 4, 4, 2), draft=_config(128, 384, 2, 2, 1),
-        target_train=_train(2400, 2e-3, 100, seed=0),
-        draft_train=_train(1500, 3e-3, 100, seed=1),
-        distill_train=_train(400, 1e-3, 20, seed=2),
-        continuations=512, continuation_prompt=32, seq_len=256),
+    "cpu": _preset(_config(256, 768, 4, 4, 2), _config(128, 384, 2, 2, 1),
+                   [(2400, 2e-3, 100), (1500, 3e-3, 100), (400, 1e-3, 20)],
+                   continuations=512, continuation_prompt=32, seq_len=256),
     # The same recipe at a size an accelerator trains in comparable time.
-    "gpu": Preset(
-        target=_config(768, 2048, 12, 12, 4), draft=_config(256, 768, 2, 4, 2),
-        target_train=_train(20000, 1e-3, 500, seed=0, batch=32, seq_len=512),
-        draft_train=_train(8000, 2e-3, 300, seed=1, batch=32, seq_len=512),
-        distill_train=_train(3000, 5e-4, 100, seed=2, batch=32, seq_len=512),
-        continuations=8192, continuation_prompt=64, seq_len=512),
+    "gpu": _preset(_config(768, 2048, 12, 12, 4), _config(256, 768, 2, 4, 2),
+                   [(20000, 1e-3, 500), (8000, 2e-3, 300), (3000, 5e-4, 100)],
+                   continuations=8192, continuation_prompt=64, seq_len=512,
+                   batch=32, train_seq_len=512),
     # Seconds, for tests of the recipe itself.
-    "smoke": Preset(
-        target=_config(32, 64, 1, 2, 1), draft=_config(16, 32, 1, 1, 1),
-        target_train=_train(6, 3e-3, 1, seed=0, batch=2, seq_len=32),
-        draft_train=_train(4, 3e-3, 1, seed=1, batch=2, seq_len=32),
-        distill_train=_train(4, 1e-3, 1, seed=2, batch=2, seq_len=32),
-        continuations=4, continuation_prompt=8, seq_len=32),
+    "smoke": _preset(_config(32, 64, 1, 2, 1), _config(16, 32, 1, 1, 1),
+                     [(6, 3e-3, 1), (4, 3e-3, 1), (4, 1e-3, 1)],
+                     continuations=4, continuation_prompt=8, seq_len=32, batch=2,
+                     train_seq_len=32),
 }
 
 

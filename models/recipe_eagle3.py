@@ -267,19 +267,9 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
                     repeats: int = 1) -> dict:
   """Batch 1, greedy, K = k chain over each prompt: tau, acceptance per draft position,
   outputs equal to plain greedy, and wall times of both (interleaved, after warm-up)."""
-  import jspec
-  from jspec.core.inputs import cache_bucket, prompt_bucket
+  from jspec.tools.demo import batch1_runs
 
-  P = prompt_bucket(max(len(p) for p in prompts))
-  S = cache_bucket(P + new_tokens + k + 1)
-  padded = [np.asarray([p + [0] * (P - len(p))], np.int32) for p in prompts]
-  run = {
-      "plain": lambda b, n: jspec.generate(target, padded[b], prompt_lengths=[len(prompts[b])],
-                                           max_new_tokens=n, cache_length=S),
-      "speculative": lambda b, n: jspec.speculative_generate(
-          target, drafter, padded[b], prompt_lengths=[len(prompts[b])], num_draft_tokens=k,
-          max_new_tokens=n, cache_length=S),
-  }
+  run, _ = batch1_runs(target, drafter, prompts, k, new_tokens)
   for fn in run.values():
     np.asarray(fn(0, 1).tokens)  # compile
   hist = np.zeros((k + 1,), np.int64)
@@ -295,8 +285,8 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
         np.asarray(out.tokens)
         times[name].append(time.perf_counter() - t0)
         outs[name] = out
-      n = int(np.asarray(outs["plain"].lengths)[0])
-      equal &= bool(np.array_equal(np.asarray(outs["plain"].tokens)[0, :n],
+      n = int(np.asarray(outs["baseline"].lengths)[0])
+      equal &= bool(np.array_equal(np.asarray(outs["baseline"].tokens)[0, :n],
                                    np.asarray(outs["speculative"].tokens)[0, :n]))
       hist += np.asarray(outs["speculative"].stats.accept_hist).reshape(-1, k + 1).sum(0)
       emitted += int(np.asarray(outs["speculative"].lengths)[0])
@@ -310,7 +300,7 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
           "accept_per_position": per_position, "greedy_equal": equal,
           "prompts": len(prompts), "new_tokens": new_tokens, "repeats": repeats,
           "seconds": {n: round(v, 2) for n, v in total.items()},
-          "speedup": round(total["plain"] / total["speculative"], 3)}
+          "speedup": round(total["baseline"] / total["speculative"], 3)}
 
 
 # ----------------------------------------------------------------------------- command

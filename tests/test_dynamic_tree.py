@@ -12,7 +12,7 @@ import jspec
 from jspec.core import decode
 from jspec.core.dynamic_tree import DynamicTree, RowTree, grow
 from jspec.drafters import eagle as E
-from conftest import (assert_cache_equals_chain_prefill, numpy_drawn_target, ragged_prompts,
+from conftest import (assert_cache_equals_chain_prefill, rounds_from_prompts, numpy_drawn_target, ragged_prompts,
                       tiny_config)
 from reference import assert_counts_match
 
@@ -141,25 +141,10 @@ def test_compaction_equals_chain_prefill(target):
   config = E.EagleConfig.for_target(target.config, initializer_range=0.3)
   eagle = E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config)
   prompts = ragged_prompts(3, 48, seed=11, min_len=5)
-  B, P = len(prompts), max(len(p) for p in prompts)
-  tokens = np.zeros((B, P), np.int32)
-  for b, p in enumerate(prompts):
-    tokens[b, :len(p)] = p
-  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
   S = 64
   budget = DynamicTree(nodes=8, depth=3, top_k=2)
   cfg = decode.DecodeConfig(num_draft_tokens=3, cache_length=S, tree=budget)
-
-  @jax.jit
-  def rounds(tokens):
-    state = decode.init_state(target, eagle, tokens, lengths, jnp.full((B,), 20, jnp.int32),
-                              None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
-                              cfg)
-    for _ in range(3):
-      state, _ = decode.decode_round(target, eagle, state, cfg)
-    return state
-
-  state = rounds(jnp.asarray(tokens))
+  state = rounds_from_prompts(target, eagle, prompts, cfg)
   assert np.asarray(state.stats.accepted).sum() > 0
   assert_cache_equals_chain_prefill(target, state, S)
 

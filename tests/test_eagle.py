@@ -12,6 +12,7 @@ import pytest
 
 import jspec
 from jspec.core.drafter import DraftContext
+from jspec.core.tree import Tree
 from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
 from conftest import numpy_drawn_target
@@ -25,50 +26,6 @@ S = 48  # cache slots of the hand-run rounds
 
 def make_context(**fields):
   return DraftContext(**fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Tree:
-  """Stand-in for `jspec.core.tree.Tree` (parents, ranks and the derived arrays propose_tree reads)."""
-
-  parents: tuple
-  ranks: tuple
-
-  @property
-  def num_nodes(self):
-    return len(self.parents)
-
-  @property
-  def depths(self):
-    d = np.zeros(len(self.parents), np.int32)
-    for i in range(1, len(self.parents)):
-      d[i] = d[self.parents[i]] + 1
-    return d
-
-  @property
-  def max_depth(self):
-    return int(self.depths[-1])
-
-  @property
-  def ancestors(self):
-    a = np.eye(len(self.parents), dtype=bool)
-    for i in range(1, len(self.parents)):
-      a[i] |= a[self.parents[i]]
-    return a
-
-  @property
-  def level_slices(self):
-    d = self.depths
-    return tuple((int(np.searchsorted(d, k)), int(np.searchsorted(d, k, side="right")))
-                 for k in range(self.max_depth + 1))
-
-
-def make_tree(parents, ranks):
-  try:
-    from jspec.core.tree import Tree
-  except ImportError:
-    return _Tree(tuple(parents), tuple(ranks))
-  return Tree(parents=tuple(parents), ranks=tuple(ranks))
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +213,7 @@ def test_tree_candidates_follow_the_ranks_of_each_parent(eagle, sequences):
   #     1    2        (ranks 0, 1)
   #   3  4    5       (3, 4 under 1 with ranks 0, 2; 5 under 2)
   #   6               (under 3)
-  tree = make_tree((-1, 0, 0, 1, 1, 2, 3), (0, 0, 1, 0, 2, 0, 0))
+  tree = Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 2, 0, 0))
   F = tree.max_depth + 1
   L = np.array([1, 5, 8])
   state = start_state(eagle, tokens, hidden, L, rng)

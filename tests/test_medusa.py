@@ -10,7 +10,6 @@ feeds features to drafters): greedy speculative output equals greedy output.
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -24,49 +23,11 @@ import jspec
 from conftest import assert_greedy_match, jit_apply, ragged_prompts
 from jspec.drafters import medusa
 from jspec.core.drafter import DraftContext
+from jspec.core.tree import Tree
 from jspec.drafters.medusa import Medusa
 from jspec.models import train_medusa as TM
 
-HAVE_TREE = importlib.util.find_spec("jspec.core.tree") is not None
 V, D = 64, 32
-
-if "features" in {f.name for f in dataclasses.fields(DraftContext)}:
-  Context = DraftContext
-else:  # until the decode loop feeds features to drafters: the same fields, locally
-
-  @jax.tree_util.register_dataclass
-  @dataclasses.dataclass(frozen=True)
-  class Context:
-    """`DraftContext` with target features, as the decode loop shows it to feature drafters."""
-
-    tokens: jax.Array  # [B, S]
-    lengths: jax.Array  # [B]
-    features: jax.Array  # [B, F, D]
-    feature_start: jax.Array  # [B]
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalTree:
-  """The part of `jspec.core.tree.Tree` that `propose_tree` reads."""
-
-  parents: tuple
-  ranks: tuple
-
-  @property
-  def num_nodes(self):
-    return len(self.parents)
-
-  @property
-  def depths(self):
-    d = [0] * len(self.parents)
-    for i, p in enumerate(self.parents):
-      d[i] = 0 if p < 0 else d[p] + 1
-    return np.asarray(d, np.int32)
-
-  @property
-  def max_depth(self):
-    return int(self.depths.max())
-
 
 @pytest.fixture(scope="module")
 def tied_target(target):
@@ -101,7 +62,7 @@ def make_context(target, lengths, F, seed=0, S=16):
       slot = starts[b] + j
       if 0 <= slot <= lengths[b] - 2:
         features[b, j] = hidden[b, slot]
-  ctx = Context(tokens, jnp.asarray(lengths), jnp.asarray(features), jnp.asarray(starts))
+  ctx = DraftContext(tokens, jnp.asarray(lengths), jnp.asarray(features), jnp.asarray(starts))
   return ctx, hidden
 
 
@@ -167,7 +128,7 @@ def test_propose_tree_picks_ranked_tokens_of_each_head(target):
   heads = random_heads(3, seed=5)
   drafter = Medusa.from_target(target, heads)
   #         root; depth 1: ranks 0 1 2; depth 2 under node 1: ranks 0 1, under 2: 0; depth 3: 0, 3
-  tree = LocalTree(parents=(-1, 0, 0, 0, 1, 1, 2, 4, 4), ranks=(0, 0, 1, 2, 0, 1, 0, 0, 3))
+  tree = Tree(parents=(-1, 0, 0, 0, 1, 1, 2, 4, 4), ranks=(0, 0, 1, 2, 0, 1, 0, 0, 3))
   lengths = [3, 10, 16]
   ctx, hidden = make_context(target, lengths, F=tree.max_depth + 1, seed=6)
   candidates, state = jax.jit(
@@ -180,7 +141,7 @@ def test_propose_tree_picks_ranked_tokens_of_each_head(target):
   for i in range(1, tree.num_nodes):
     np.testing.assert_array_equal(np.asarray(candidates[:, i - 1]),
                                   order[:, depths[i] - 1, tree.ranks[i]], err_msg=f"node {i}")
-  deep = LocalTree(parents=(-1, 0, 1, 2, 3), ranks=(0, 0, 0, 0, 0))
+  deep = Tree(parents=(-1, 0, 1, 2, 3), ranks=(0, 0, 0, 0, 0))
   with pytest.raises(ValueError, match="tree depth = 4 needs 4 Medusa heads"):
     drafter.propose_tree(None, ctx, deep, None, None)
 
@@ -354,10 +315,6 @@ def test_save_errors(saved, tmp_path):
 # ----------------------------------------------------------------------------- end to end
 
 
-needs_engine = pytest.mark.skipif(
-    not HAVE_TREE, reason="the decode loop does not feed features to drafters yet (no jspec.core.tree)")
-
-
 @pytest.fixture(scope="module")
 def trained_like(target):
   """Heads that agree with the target often but not always: random heads pulled
@@ -371,7 +328,6 @@ def greedy_reference(target):
   return prompts, jspec.generate(target, prompts, max_new_tokens=20)
 
 
-@needs_engine
 def test_greedy_chain_output_equals_greedy_output(target, trained_like, greedy_reference):
   prompts, reference = greedy_reference
   out = jspec.speculative_generate(target, trained_like, prompts, num_draft_tokens=3,
@@ -382,7 +338,6 @@ def test_greedy_chain_output_equals_greedy_output(target, trained_like, greedy_r
                                max_new_tokens=4)
 
 
-@needs_engine
 def test_greedy_tree_output_equals_greedy_output(target, trained_like, greedy_reference):
   from jspec.core.tree import Tree
 

@@ -18,7 +18,7 @@ import jspec
 from jspec.core import decode, tree as tree_lib
 from jspec.core.tree import Tree
 from conftest import (assert_cache_equals_chain_prefill, assert_greedy_match, perturbed,
-                      ragged_prompts, tiny_config)
+                      ragged_prompts, rounds_from_prompts, tiny_config)
 from reference import assert_counts_match, processed_probs
 
 BINARY = Tree.from_paths([(0, 0), (0, 1), (1, 0), (1, 1)])  # 7 nodes, 2 children per node
@@ -164,24 +164,9 @@ def test_compaction_equals_chain_prefill(gqa_target):
   draft = perturbed(target, 0.2, seed=1)
   drafter = jspec.DraftModel(draft)
   prompts = ragged_prompts(4, 64, seed=11, min_len=5)
-  B, P = len(prompts), max(len(p) for p in prompts)
-  tokens = np.zeros((B, P), np.int32)
-  for b, p in enumerate(prompts):
-    tokens[b, :len(p)] = p
-  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
   S = 64
   config = decode.DecodeConfig(num_draft_tokens=WIDE.max_depth, cache_length=S, tree=WIDE)
-
-  @jax.jit
-  def rounds(tokens):
-    state = decode.init_state(target, drafter, tokens, lengths, jnp.full((B,), 20, jnp.int32),
-                              None, jnp.asarray([-1], jnp.int32), jnp.zeros((B,), jnp.int32),
-                              config)
-    for _ in range(3):
-      state, _ = decode.decode_round(target, drafter, state, config)
-    return state
-
-  state = rounds(jnp.asarray(tokens))
+  state = rounds_from_prompts(target, drafter, prompts, config)
   assert np.asarray(state.stats.accepted).sum() > 0  # some paths went past the root
   assert_cache_equals_chain_prefill(target, state, S)
 

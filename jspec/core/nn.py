@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -141,19 +142,27 @@ ACTIVATIONS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class GatedMLP:
-  """down(act(gate(x)) * up(x)): SwiGLU (Llama, Qwen, Mistral) or GeGLU (Gemma)."""
+class _MLP:
+  """What every MLP kind shares: an activation checked by name, and its input projections."""
 
-  kind: str = dataclasses.field(default="gated", init=False)
-
-  activation: str = "silu"
+  activation: str
+  INPUTS: ClassVar[tuple[str, ...]] = ()
 
   def __post_init__(self):
     _check_activation(self.activation)
 
   def weight_names(self):
     """Names of the input projections ([L, D, F] each); `w_down` is always there."""
-    return ("w_gate", "w_up")
+    return self.INPUTS
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedMLP(_MLP):
+  """down(act(gate(x)) * up(x)): SwiGLU (Llama, Qwen, Mistral) or GeGLU (Gemma)."""
+
+  activation: str = "silu"
+  kind: str = dataclasses.field(default="gated", init=False)
+  INPUTS: ClassVar[tuple[str, ...]] = ("w_gate", "w_up")
 
   def __call__(self, h, w, dense=None):
     """`dense(x, w, b)`: `dense_in_major` for [in, out] weights (the default), or
@@ -169,19 +178,12 @@ class GatedMLP:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseMLP:
+class DenseMLP(_MLP):
   """down(act(up(x))): the two-matrix MLP of GPT-2."""
 
-  kind: str = dataclasses.field(default="dense", init=False)
-
   activation: str = "gelu_tanh"
-
-  def __post_init__(self):
-    _check_activation(self.activation)
-
-  def weight_names(self):
-    """Names of the input projections ([L, D, F] each); `w_down` is always there."""
-    return ("w_up",)
+  kind: str = dataclasses.field(default="dense", init=False)
+  INPUTS: ClassVar[tuple[str, ...]] = ("w_up",)
 
   def __call__(self, h, w, dense=None):
     """`dense` as for `GatedMLP`."""

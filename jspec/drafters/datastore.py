@@ -45,7 +45,7 @@ def _static(default=dataclasses.MISSING):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Datastore:
+class Datastore(lookup_tree.LookupProposals):
   """Drafts by n-gram lookup in each row's context and in a shared token buffer."""
 
   tokens: jax.Array  # [N] int32 the shared buffer (traced: a new one of length N reuses code)
@@ -90,17 +90,6 @@ class Datastore:
     if tokens.size == 0:
       raise ValueError("the datastore is empty: give at least one non-empty sequence")
     return cls(tokens=tokens, vocab_size=vocab_size, **settings)
-
-  def init(self, tokens, prompt_lengths, cache_length: int):
-    """`Drafter.init`: no per-row state (returns None)."""
-    del tokens, prompt_lengths, cache_length  # the context and the buffer are all it reads
-    return None
-
-  def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
-    """`Drafter.propose`: drafts [B, K] from `lookup`, q None (one-hot at the drafts)."""
-    del params, keys  # deterministic: the same drafts at every temperature
-    drafts, _ = self.lookup(context, num_drafts)
-    return drafts, None, state  # q None: one-hot at the drafts
 
   def lookup(self, context: DraftContext, num_drafts: int):
     """drafts [B, K] int32 and count [B] int32 of proposed (non-placeholder) drafts."""

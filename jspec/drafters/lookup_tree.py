@@ -25,6 +25,23 @@ import numpy as np
 from jax import lax
 
 
+class LookupProposals:
+  """`Drafter.init` and `Drafter.propose` of a lookup drafter: no per-row state, and the
+  drafts of its own `lookup(context, K)`, with q None (one-hot at each draft: the drafts are
+  deterministic, so acceptance stays exact at every temperature)."""
+
+  def init(self, tokens, prompt_lengths, cache_length: int):
+    """`Drafter.init`: no per-row state (returns None); the context is all it reads."""
+    del tokens, prompt_lengths, cache_length
+    return None
+
+  def propose(self, state, context, num_drafts: int, params, keys):
+    """`Drafter.propose`: drafts [B, K] from `lookup`, q None, state unchanged."""
+    del params, keys  # deterministic: the same drafts at every temperature
+    drafts, _ = self.lookup(context, num_drafts)
+    return drafts, None, state
+
+
 def row_haystack(tokens: jax.Array, lengths: jax.Array, shared: jax.Array | None = None):
   """[B, H] haystack of each row's committed tokens, then -1 and `shared` [M] if given."""
   B, S = tokens.shape

@@ -61,7 +61,7 @@ def _static(default=dataclasses.MISSING):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class NGram:
+class NGram(lookup_tree.LookupProposals):
   """Drafts by n-gram lookup in each row's own committed tokens. No params, no state."""
 
   vocab_size: int = _static()
@@ -71,17 +71,6 @@ class NGram:
 
   def __post_init__(self):
     check_ngram_settings(self.vocab_size, self.max_ngram, self.min_ngram, self.drafts_per_ngram)
-
-  def init(self, tokens, prompt_lengths, cache_length: int):
-    """`Drafter.init`: no per-row state (returns None)."""
-    del tokens, prompt_lengths, cache_length  # everything it needs is in the context
-    return None
-
-  def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
-    """`Drafter.propose`: drafts [B, K] from `lookup`, q None (one-hot at the drafts)."""
-    del params, keys  # deterministic: the same drafts at every temperature
-    drafts, _ = self.lookup(context, num_drafts)
-    return drafts, None, state  # q None: one-hot at the drafts
 
   def lookup(self, context: DraftContext, num_drafts: int):
     """drafts [B, K] int32 and count [B] int32: how many leading drafts were proposed

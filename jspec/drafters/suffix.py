@@ -83,7 +83,7 @@ def remember(memory: SuffixMemory, tokens: jax.Array, lengths: jax.Array) -> Suf
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Suffix:
+class Suffix(lookup_tree.LookupProposals):
   """Drafts by frequency-weighted suffix matching in the row and in a cross-call memory."""
 
   vocab_size: int = _static()
@@ -102,17 +102,6 @@ class Suffix:
     shape = getattr(getattr(memory, "tokens", None), "shape", None)
     if shape is not None and len(shape) != 1:
       raise ValueError(f"memory tokens must be 1-D, got shape {tuple(shape)}")
-
-  def init(self, tokens, prompt_lengths, cache_length: int):
-    """`Drafter.init`: no per-row state (returns None)."""
-    del tokens, prompt_lengths, cache_length
-    return None
-
-  def propose(self, state, context: DraftContext, num_drafts: int, params, keys):
-    """`Drafter.propose`: drafts [B, K] from `lookup`, q None (one-hot at the drafts)."""
-    del params, keys
-    drafts, _ = self.lookup(context, num_drafts)
-    return drafts, None, state
 
   def lookup(self, context: DraftContext, num_drafts: int):
     """drafts [B, K] int32 and count [B] int32 of proposed (non-placeholder) drafts."""

@@ -16,66 +16,66 @@ import numpy as np
 
 
 def plot(report: dict, out_dir: str) -> list[str]:
-  """speedup_vs_k.png, speedup_vs_batch.png and latency_vs_batch.png under out_dir; returns
-  the paths."""
+  """speedup_vs_k.png, speedup_vs_batch.png and latency_vs_batch.png under out_dir (those
+  whose section the report has); returns the paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  figures = (("k_sweep", "speedup_vs_k.png", _speedup_vs_k),
+             ("batch_sweep", "speedup_vs_batch.png", _speedup_vs_batch),
+             ("latency", "latency_vs_batch.png", _latency_vs_batch))
   paths = []
-  if "k_sweep" in report:
+  for section, name, draw in figures:
+    if section not in report:
+      continue
     fig, ax = plt.subplots(figsize=(6, 4))
-    rows = report["k_sweep"]["rows"]
-    for dname in sorted({n.split("@")[0] for n in rows}):
-      pts = [(r["k"], r["speedup"], r.get("ideal_speedup")) for n, r in rows.items()
-             if n.startswith(dname + "@") and r["k"] != "auto"]
-      ks, sp, ideal = zip(*sorted(pts))
-      line, = ax.plot(ks, sp, "o-", label=f"{dname} measured")
-      ax.plot(ks, ideal, "--", color=line.get_color(), alpha=0.6, label=f"{dname} ideal")
-      auto = rows.get(f"{dname}@auto")
-      if auto:
-        ax.axhline(auto["speedup"], color=line.get_color(), ls=":", label=f"{dname} auto")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set(xlabel="K (drafts per round)", ylabel="speedup over baseline",
-           title="batch 1, held-out code, greedy")
-    ax.legend(fontsize=7)
-    paths.append(os.path.join(out_dir, "speedup_vs_k.png"))
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-  if "batch_sweep" in report:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sweep = report["batch_sweep"]
-    Bs = [int(b) for b in sweep]
-    for name in sweep[str(Bs[0])]["rows"]:
-      ax.plot(Bs, [sweep[str(b)]["rows"][name]["speedup"] for b in Bs], "o-", label=name)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="batch size", ylabel="speedup over baseline",
-           title="held-out code, greedy")
-    ax.legend(fontsize=7)
-    paths.append(os.path.join(out_dir, "speedup_vs_batch.png"))
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-  if "latency" in report:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sweep = report["latency"]
-    Bs = [int(b) for b in sweep]
-    for name in sweep[str(Bs[0])]:
-      line, = ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p99"] for b in Bs], "o-",
-                      label=f"{name} p99")
-      ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p50"] for b in Bs], "--",
-              color=line.get_color(), alpha=0.6, label=f"{name} p50")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="batch size", ylabel="inter-token latency, ms",
-           title="held-out code, greedy: the wait between tokens")
-    ax.legend(fontsize=6, ncol=2)
-    paths.append(os.path.join(out_dir, "latency_vs_batch.png"))
+    draw(ax, report[section])
+    paths.append(os.path.join(out_dir, name))
     fig.tight_layout()
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
   return paths
+
+
+def _speedup_vs_k(ax, k_sweep: dict) -> None:
+  rows = k_sweep["rows"]
+  for dname in sorted({n.split("@")[0] for n in rows}):
+    pts = [(r["k"], r["speedup"], r.get("ideal_speedup")) for n, r in rows.items()
+           if n.startswith(dname + "@") and r["k"] != "auto"]
+    ks, sp, ideal = zip(*sorted(pts))
+    line, = ax.plot(ks, sp, "o-", label=f"{dname} measured")
+    ax.plot(ks, ideal, "--", color=line.get_color(), alpha=0.6, label=f"{dname} ideal")
+    auto = rows.get(f"{dname}@auto")
+    if auto:
+      ax.axhline(auto["speedup"], color=line.get_color(), ls=":", label=f"{dname} auto")
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.set(xlabel="K (drafts per round)", ylabel="speedup over baseline",
+         title="batch 1, held-out code, greedy")
+  ax.legend(fontsize=7)
+
+
+def _speedup_vs_batch(ax, sweep: dict) -> None:
+  Bs = [int(b) for b in sweep]
+  for name in sweep[str(Bs[0])]["rows"]:
+    ax.plot(Bs, [sweep[str(b)]["rows"][name]["speedup"] for b in Bs], "o-", label=name)
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.set_xscale("log", base=2)
+  ax.set(xlabel="batch size", ylabel="speedup over baseline", title="held-out code, greedy")
+  ax.legend(fontsize=7)
+
+
+def _latency_vs_batch(ax, sweep: dict) -> None:
+  Bs = [int(b) for b in sweep]
+  for name in sweep[str(Bs[0])]:
+    line, = ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p99"] for b in Bs], "o-",
+                    label=f"{name} p99")
+    ax.plot(Bs, [sweep[str(b)][name]["itl_ms"]["p50"] for b in Bs], "--",
+            color=line.get_color(), alpha=0.6, label=f"{name} p50")
+  ax.set_xscale("log", base=2)
+  ax.set(xlabel="batch size", ylabel="inter-token latency, ms",
+         title="held-out code, greedy: the wait between tokens")
+  ax.legend(fontsize=6, ncol=2)
 
 
 # ----------------------------------------------------------------------------- json and summary

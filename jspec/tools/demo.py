@@ -91,13 +91,31 @@ def _timed(fn):
   return out, time.perf_counter() - start
 
 
+def batch1_runs(target, drafter, prompts: list[list[int]], k, new_tokens: int):
+  """Plain and speculative decoding of one prompt at a time, every prompt padded to one bucket
+  and one cache length, so that two programs serve them all. Returns ({"baseline",
+  "speculative"}: fn(prompt index, max_new_tokens) -> output, cache length)."""
+  import jspec
+  from jspec.core.inputs import cache_bucket, prompt_bucket
+
+  P = prompt_bucket(max(len(p) for p in prompts))
+  S = cache_bucket(P + new_tokens + (6 if k == "auto" else k) + 1)
+  padded = [np.asarray([p + [0] * (P - len(p))], np.int32) for p in prompts]
+  return {
+      "baseline": lambda b, n: jspec.generate(target, padded[b], prompt_lengths=[len(prompts[b])],
+                                              max_new_tokens=n, cache_length=S),
+      "speculative": lambda b, n: jspec.speculative_generate(
+          target, drafter, padded[b], prompt_lengths=[len(prompts[b])], num_draft_tokens=k,
+          max_new_tokens=n, cache_length=S),
+  }, S
+
+
 def real_demo(args, path: str) -> int:
   """SmolLM2-135M-Instruct from its GGUF: chat prompts, baseline vs n-gram speculation."""
   import jax
 
   import jspec
   from jspec.tools import costs, real_sections
-  from jspec.core.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 
   t_start = time.perf_counter()
   progress = Progress()
@@ -118,17 +136,7 @@ def real_demo(args, path: str) -> int:
         f"({', '.join(KINDS)}); drafter: n-gram lookup (max n-gram {args.ngram}), K = {K}")
 
   # One prompt bucket and one cache length for every prompt: two programs in all.
-  P = _prompt_bucket(max(len(i) for i in ids))
-  max_k = 6 if K == "auto" else K
-  S = cache_bucket(P + N + max_k + 1)
-  padded = [np.asarray([i + [0] * (P - len(i))], np.int32) for i in ids]
-  runs = {
-      "baseline": lambda b, n: jspec.generate(target, padded[b], prompt_lengths=[len(ids[b])],
-                                              max_new_tokens=n, cache_length=S),
-      "speculative": lambda b, n: jspec.speculative_generate(
-          target, drafter, padded[b], prompt_lengths=[len(ids[b])], num_draft_tokens=K,
-          max_new_tokens=n, cache_length=S),
-  }
+  runs, S = batch1_runs(target, drafter, ids, K, N)
   t_compile = time.perf_counter()
   # Warm-up: one new token per call compiles both programs (max_new_tokens is traced, so
   # the timed calls below reuse them) or reads them from the compilation cache.
