@@ -209,6 +209,39 @@ def test_the_prior_follows_the_measured_growth(tied):
   assert steep[1] / steep[0] > plain[1] / plain[0]
 
 
+def test_a_measured_draft_step_raises_the_draft_models_price(tied, draft):
+  """With `draft_ratio` (the draft's products over the target's, timed), a draft step
+  costs at least that share of a plain round; below its own roofline it changes nothing."""
+  ks = (0, 1, 2)
+  model = jspec.DraftModel(draft)
+  roofline = cost_model.prior_costs(tied, model, 1, 128, ks, CPU)
+  step = cost_model.call_time(tied, 1, 1, 128, CPU)
+  heavy = cost_model.prior_costs(tied, model, 1, 128, ks, CPU, None, 0.6)
+  verify = cost_model.prior_costs(tied, jspec.NGram(tied.vocab_size), 1, 128, ks, CPU)
+  assert heavy[0] == pytest.approx(roofline[0])
+  assert heavy[2] == pytest.approx(verify[2] + 2 * 0.6 * step)
+  assert heavy[2] > roofline[2]
+  assert cost_model.prior_costs(tied, model, 1, 128, ks, CPU, None, 1e-6) == \
+      pytest.approx(roofline)
+
+
+def test_step_ratio_times_one_token_of_each_model(small, tmp_path, monkeypatch):
+  """`step_ratio` times each model's products at one token, once, and divides."""
+  draft = jspec.models.init(tiny_config(vocab_size=small.vocab_size, layers=1, hidden=16,
+                                        heads=2, kv_heads=1), seed=5).decoding_form()
+  timed = []
+
+  def fake(model, products, repeats=5):
+    timed.append(products[0].activation.shape[:2])
+    return 2.0 if model is small else 0.5
+
+  monkeypatch.setattr(weight_products, "products_time", fake)
+  assert weight_products.step_ratio(draft, small, 1, 32, str(tmp_path)) == pytest.approx(0.25)
+  assert timed == [(1, 1), (1, 1)]
+  assert weight_products.step_ratio(draft, small, 1, 32, str(tmp_path)) == pytest.approx(0.25)
+  assert len(timed) == 2  # read back
+
+
 def test_fingerprints_hold_no_addresses(small):
   """Saved costs are keyed by the models' fingerprint: an object address in it (a
   function's repr) would differ in every process, and nothing saved would be found."""

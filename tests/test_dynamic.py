@@ -243,7 +243,8 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
                                                                   far_draft):
   """Without a saved profile, "auto" prices rounds with the prior: no round is timed.
   The target's weight products are timed once for this machine, model and batch (the
-  prior's growth with the block, `jspec.core.weight_products`) and read back after."""
+  prior's growth with the block, `jspec.core.weight_products`), the draft model's at one
+  token (its step beside the target's), and read back after."""
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
 
   def never(*args):
@@ -257,7 +258,7 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   prior, products_time = cost_model.prior_costs, weight_products.products_time
 
   def recording(*args, **kw):
-    priced.append((args[4], sorted(args[6])))
+    priced.append((args[4], sorted(args[6]), args[7]))
     return prior(*args, **kw)
 
   def timing(model, products, repeats=5):
@@ -273,13 +274,15 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   choices = schedule.AutoK().choices
   assert [p[0] for p in priced] == [choices]
   assert priced[0][1] == sorted(k + 1 for k in choices)  # a growth per block
-  assert sorted(timed) == [(2, 1), (2, 2), (2, max(choices) + 1)]  # [B, T] of each probe
+  # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens, the draft at 1.
+  assert sorted(timed) == [(2, 1), (2, 1), (2, 2), (2, max(choices) + 1)]
+  assert 0.0 < priced[0][2] < 1.0  # the draft's step, a share of the target's
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
   assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 2
   # A second call reads the products' times back.
   jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
                              max_new_tokens=8, eos_id=())
-  assert len(timed) == 3 and (tmp_path / "products.json").exists()
+  assert len(timed) == 4 and (tmp_path / "products.json").exists()
 
 
 @pytest.mark.parametrize("bad", [

@@ -301,8 +301,9 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
 def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: bool):
   """Round costs for "auto": a profile saved for these models and shapes (`jspec
   profile`), else the prior from bytes, FLOPs and the device's rates, shaped by how the
-  target's weight products grow with the block (`jspec.core.weight_products`: timed
-  once per machine, model and batch, then read from the cache folder)."""
+  target's weight products grow with the block and, for a draft model, what its step
+  costs beside the target's (`jspec.core.weight_products`: timed once per machine,
+  model and batch, then read from the cache folder)."""
   from jspec.core import cost_model, weight_products
 
   saved = cost_model.saved_round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
@@ -310,8 +311,11 @@ def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: b
   if saved is not None:
     return saved
   growth = weight_products.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
+  ratio = None
+  if isinstance(drafter, DraftModel):
+    ratio = weight_products.step_ratio(drafter.model, target, B, S, auto.cache_dir)
   return cost_model.prior_costs(target, drafter, B, S, auto.choices,
-                                cost_model.device_rates(auto.cache_dir), growth)
+                                cost_model.device_rates(auto.cache_dir), growth, ratio)
 
 
 def _placed(model: Model, layout, replicate: bool) -> Model:

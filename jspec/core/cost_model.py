@@ -40,6 +40,7 @@ import os
 import platform
 import re
 import time
+import weakref
 from typing import Any
 
 import jax
@@ -122,10 +123,25 @@ def _fingerprint(obj) -> Any:
 
   The same in every process: a model's functions are static fields whose repr carries
   their address ("<function apply at 0x7f..>"), which is dropped here, or nothing
-  saved by one process would ever be found by the next."""
+  saved by one process would ever be found by the next. Kept per live object: an
+  `"auto"` call keys half a dozen lookups on it, and working it out again each time
+  cost about a millisecond, 2% of a 64-token call of a small model."""
+  hit = _FINGERPRINTS.get(id(obj))
+  if hit is not None and hit[0]() is obj:
+    return hit[1]
   leaves, treedef = jax.tree_util.tree_flatten(obj)
-  return [re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
-          [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
+  found = [re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
+           [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
+  try:
+    key = id(obj)
+    ref = weakref.ref(obj, lambda _, key=key: _FINGERPRINTS.pop(key, None))
+  except TypeError:  # not weakly referable: not kept
+    return found
+  _FINGERPRINTS[key] = (ref, found)
+  return found
+
+
+_FINGERPRINTS: dict[int, tuple[weakref.ref, Any]] = {}
 
 
 def cache_path(cache_dir: str | None = None, name: str = "costs.json") -> str:
@@ -259,11 +275,15 @@ def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRat
   return weights + attention
 
 
-def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRates) -> float:
-  """Prior seconds for `drafter` to propose k drafts per row."""
+def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRates,
+                 draft_step: float = 0.0) -> float:
+  """Prior seconds for `drafter` to propose k drafts per row.
+
+  draft_step: for a draft model, a measured lower bound on one of its steps (seconds;
+  see `prior_costs`)."""
   model = getattr(drafter, "model", None)
   if model is not None and hasattr(model, "apply_fn"):  # a draft model: k of its steps
-    return k * call_time(model, batch, 1, cache_length, rates)
+    return k * max(call_time(model, batch, 1, cache_length, rates), draft_step)
   w_bytes, w_params = _bytes_and_params(drafter)
   if not w_bytes:
     return 0.0
@@ -272,29 +292,34 @@ def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRa
 
 def prior_costs(target, drafter, batch: int, cache_length: int, choices,
                 rates: DeviceRates | None = None,
-                growth: dict[int, float] | None = None) -> tuple[float, ...]:
+                growth: dict[int, float] | None = None,
+                draft_ratio: float | None = None) -> tuple[float, ...]:
   """Prior seconds of a whole round at each K in `choices` (0: a plain round).
 
   growth: the target's `weight_products.growth` at blocks K + 1 (None: the rates'
-  curve alone). Kept per process for the same shapes: working it out traces the
-  models' cache shapes, about 20 ms of host time, which on a small model is a tenth
-  of a call."""
+  curve alone). draft_ratio: for a draft model, `weight_products.step_ratio` of it
+  to the target; a draft step then costs at least that share of a plain round.
+  Kept per process for the same shapes: working it out traces the models' cache
+  shapes, about 20 ms of host time, which on a small model is a tenth of a call."""
   rates = rates or DeviceRates.measure()
   key = json.dumps([_fingerprint(target), _fingerprint(drafter), batch, cache_length,
                     list(choices), dataclasses.asdict(rates),
-                    sorted((growth or {}).items())], sort_keys=True)
+                    sorted((growth or {}).items()), draft_ratio], sort_keys=True)
   if key not in _PRIORS:
-    _PRIORS[key] = _prior_costs(target, drafter, batch, cache_length, choices, rates, growth)
+    _PRIORS[key] = _prior_costs(target, drafter, batch, cache_length, choices, rates, growth,
+                                draft_ratio)
   return _PRIORS[key]
 
 
 _PRIORS: dict[str, tuple[float, ...]] = {}
 
 
-def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth):
+def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth, draft_ratio):
   from jspec.core.schedule import monotone  # a round with more drafts never costs less
 
+  step = call_time(target, batch, 1, cache_length, rates, growth)
+  draft_step = step * draft_ratio if draft_ratio else 0.0
   return monotone(choices, [
       call_time(target, batch, k + 1, cache_length, rates, growth)
-      + (drafter_time(drafter, batch, k, cache_length, rates) if k else 0.0)
+      + (drafter_time(drafter, batch, k, cache_length, rates, draft_step) if k else 0.0)
       for k in choices])

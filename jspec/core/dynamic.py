@@ -45,10 +45,12 @@ from jax import lax
 from jspec.core import decode, streaming
 from jspec.core.drafter import CatchUpDrafter, DraftContext, LookupDrafter, ObservingDrafter
 from jspec.core.model import Model
-from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, choose, stays
+from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, after, choose
 
 
 # ----------------------------------------------------------------------------- loop
+
+REPICK = -1  # a choice that sends the loop back to price the choices (`decode_loop`)
 
 
 @jax.tree_util.register_dataclass
@@ -134,6 +136,14 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   new, did = decode.decode_round(target, drafter, s,
                                  dataclasses.replace(config, num_draft_tokens=k))
   lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
+  if k == 0 and lookup is None:
+    # No evidence: only the idle count and the round count move (the fewer ops in the
+    # loop body, the closer a K = 0 round comes to a plain step of a small model).
+    schedule = dataclasses.replace(
+        sched, idle=sched.idle + 1, rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)))
+    if config.stream:
+      streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
+    return AutoState(new, schedule)
   if k > 0:
     n = jnp.minimum(did.accepted, real)  # [B] accepted this round
     judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
@@ -183,11 +193,14 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
                 auto: AutoK) -> AutoState:
   """Run dynamic rounds until every row is done.
 
-  The outer `lax.while_loop` runs phases; a phase `lax.switch`es to the chosen K and
-  runs rounds at that K in an inner `while_loop` for as long as it `stays` (the best
-  K, or within `switch_margin` of it). The switch is entered once per change of K, not once per round: on
-  XLA CPU a conditional around the round cost about 10% of a batch-1 step, as the
-  whole decode state (KV caches included) passes in and out of it.
+  One `lax.while_loop` per choice of K, run one after another inside an outer
+  `while_loop`; the carry holds the current choice, and loop i runs rounds at K_i for as
+  long as that is it. After each round the choice stays (the best K, or within
+  `switch_margin` of it) or moves to the best. No conditional holds a round: on XLA
+  CPU a `lax.switch` over phases copied the whole decode state (KV caches included)
+  each time a phase began, as branch operands cannot be updated in place, and at batch
+  64 those copies cost more than the drafting rounds they began gained. Loops in
+  sequence hand their carry over in place.
   """
   target, drafter = decode.prepared(target), decode.prepared(drafter)
 
@@ -198,39 +211,59 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
     return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
 
   def pick(s: AutoState):
-    return choose(s.schedule, auto, remaining(s), s.schedule.counts)
+    return choose(s.schedule, auto, remaining(s), s.schedule.counts).astype(jnp.int32)
+
+  def finished(s: AutoState):
+    return jnp.sum(s.decode.done.astype(jnp.int32))
+
+  def next_choice(s: AutoState, index: int, at_start):
+    """The choice after a round at `index`, or REPICK; at_start: rows done when the phase
+    began."""
+    if auto.choices[index] == 0 and not isinstance(drafter, LookupDrafter):
+      # Plain rounds of a drafter without a lookup bring no evidence, and every active
+      # row moves one token (the critical rows stay the same), so the choice can only
+      # change when a row finishes or a probe falls due: test just that, and leave the
+      # pricing (a few dozen scalar ops, a few percent of a small model's step on a
+      # CPU) to the outer loop.
+      same = finished(s) == at_start
+      if auto.probe_every:
+        same &= s.schedule.idle < s.schedule.gap
+      return jnp.where(same, jnp.int32(index), REPICK)
+    return after(s.schedule, auto, remaining(s), s.schedule.counts, index).astype(jnp.int32)
 
   def phase(index: int):
-    def run(s: AutoState) -> AutoState:
-      finished = jnp.sum(s.decode.done)  # rows done when the phase began
-      if auto.choices[index] == 0 and not isinstance(drafter, LookupDrafter):
-        # Plain rounds of a drafter without a lookup bring no evidence, and every active
-        # row moves one token (the critical rows stay the same), so the choice can only
-        # change when a row finishes or a probe falls due: test just that, not `stays`,
-        # whose few dozen scalar ops cost a few percent of a small model's step on a CPU.
-        def same(s):
-          go = not_done(s) & (jnp.sum(s.decode.done) == finished)
-          return go & (s.schedule.idle < s.schedule.gap) if auto.probe_every else go
-      else:
-        same = lambda s: not_done(s) & stays(s.schedule, auto, remaining(s), s.schedule.counts,
-                                             index)
+    def go(carry):
+      s, choice, _ = carry
+      return (choice == index) & not_done(s)
 
-      # The phase's first round runs unconditionally (the switch chose it), later ones
-      # while the choice stays. One round in the body, not a first round before the
-      # loop and another inside it: each copy compiles the verify of this K again,
-      # which doubled the compile time of "auto". Catching the drafter up is a test
-      # that finds nothing to feed after a drafting round.
-      def body(carry):
-        s, _ = carry
-        return fixed_round(target, drafter, s, config, auto, index, sync=True), jnp.bool_(False)
+    def body(carry):
+      s, _, at_start = carry
+      # Catching the drafter up is a test that finds nothing to feed after a drafting round.
+      s = fixed_round(target, drafter, s, config, auto, index, sync=True)
+      choice = next_choice(s, index, at_start)
+      return s, choice, jnp.where(choice == index, at_start, finished(s))
 
-      def go(carry):
-        s, first = carry
-        return first | same(s)
-
-      return lax.while_loop(go, body, (s, jnp.bool_(True)))[0]
-    return run
+    return lambda carry: lax.while_loop(go, body, carry)
 
   phases = [phase(i) for i in range(len(auto.choices))]
+
+  def outer(carry):
+    s, choice, at_start = carry
+    repick = choice == REPICK
+    carry = (s, jnp.where(repick, pick(s), choice), jnp.where(repick, finished(s), at_start))
+    for run in phases:  # each loop runs zero rounds unless the choice is its K
+      carry = run(carry)
+    return carry
+
+  def first(s: AutoState):
+    # The loop starts as if in plain decoding and leaves it as any round would: only for
+    # a K that beats it by more than `switch_margin`. A near tie on the prior alone is
+    # not worth a drafter's first round (a draft model then feeds it the whole prompt).
+    if 0 not in auto.choices:
+      return pick(s)
+    return after(s.schedule, auto, remaining(s), s.schedule.counts,
+                 auto.choices.index(0)).astype(jnp.int32)
+
   with jax.named_scope("auto_loop"):
-    return lax.while_loop(not_done, lambda s: lax.switch(pick(s), phases, s), state)
+    carry = (state, first(state), finished(state))
+    return lax.while_loop(lambda c: not_done(c[0]), outer, carry)[0]

@@ -52,7 +52,8 @@ class AutoK:
   decay: factor on the evidence per drafting round (1 = never forget).
   probe_every: after this many rounds in a row at K = 0, draft once at the best
     K >= 1 to refresh the estimate (0: never); each probe that does not bring
-    drafting back doubles the wait, up to 16 x probe_every.
+    drafting back doubles the wait, up to 16 x probe_every. No probe runs when the
+    critical rows have fewer tokens to go than the wait (too late to pay back).
   ceiling: the most optimistic acceptance; a K that loses to plain decoding even
     at this acceptance is not compiled, and when every K > 0 loses the call runs
     the plain decoding program (no drafter at all).
@@ -237,7 +238,10 @@ def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
   judged = jnp.any(critical[:, None] & (drafts > 0), axis=0)  # [C]
   probe_rate = jnp.where(judged, rate, -jnp.inf)
   probe = jnp.argmax(probe_rate).astype(jnp.int32)
-  due = (schedule.idle >= schedule.gap) & jnp.any(judged)
+  # A probe pays back over the rounds after it: with fewer tokens to go than the gap it
+  # waited, the call would end before its evidence could be used (a draft model's probe
+  # also catches the drafter up on every token it missed, a prefill of the whole row).
+  due = (schedule.idle >= schedule.gap) & jnp.any(judged) & (jnp.max(remaining) >= schedule.gap)
   return rate, jnp.where(due, probe, best), due
 
 
@@ -263,6 +267,12 @@ def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.
 def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
   """Whether the loop keeps choice `index` (static) for the next round: it is the
   best, or within `auto.switch_margin` of the best's rate and no probe is due."""
+  return after(schedule, auto, remaining, counts, index) == index
+
+
+def after(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
+  """The choice for the round after one at `index` (static): `index` while it `stays`,
+  else the best (`choose`); one pricing of the choices for both."""
   rate, best, due = _rates(schedule, auto, remaining, counts)
   close = rate[index] >= (1.0 - auto.switch_margin) * jnp.max(rate)
-  return (best == index) | (close & ~due)
+  return jnp.where((best == index) | (close & ~due), jnp.int32(index), best)
