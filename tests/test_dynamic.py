@@ -276,7 +276,7 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   assert priced[0][1] == sorted(k + 1 for k in choices)  # a growth per block
   # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens, the draft at 1.
   assert sorted(timed) == [(2, 1), (2, 1), (2, 2), (2, max(choices) + 1)]
-  assert 0.0 < priced[0][2] < 1.0  # the draft's step, a share of the target's
+  assert priced[0][2] > 0.0  # the draft step priced beside the target's (a timed ratio)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
   assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 2
   # A second call reads the products' times back.

@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import constrained, decode, dynamic, logprobs, schedule, sharding, streaming
+from jspec.core import (constrained, cost_model, decode, dynamic, logprobs, schedule, sharding,
+                        streaming)
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import DraftModel
@@ -252,8 +254,9 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
     rows_constraint = constrained.ConstraintRows(table=table, state=initial)
   # The decoding form of the weights, built once per model rather than once per call.
   target = target.decoding_form()
-  if isinstance(drafter, DraftModel):
-    drafter = dataclasses.replace(drafter, model=drafter.model.decoding_form())
+  if isinstance(drafter, DraftModel):  # one wrapper per drafter: costs are keyed on it
+    drafter = cost_model.per_object(
+        _DECODING_DRAFTERS, drafter, lambda d: dataclasses.replace(d, model=d.model.decoding_form()))
   costs = None
   if auto is not None:
     # Top-k / top-p make every position of a round sort its logits (costs differ).
@@ -304,18 +307,42 @@ def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: b
   target's weight products grow with the block and, for a draft model, what its step
   costs beside the target's (`jspec.core.weight_products`: timed once per machine,
   model and batch, then read from the cache folder)."""
-  from jspec.core import cost_model, weight_products
+  from jspec.core import weight_products
 
+  # Worked out once per process for the same models, shapes and saved files: the
+  # lookups below cost about a millisecond, 2% of a 64-token call of a small model.
+  files = [cost_model.cache_path(auto.cache_dir, name)
+           for name in ("costs.json", "products.json", "device.json")]
+  key = (B, S, auto.choices, greedy, filtered, tuple(files), tuple(_stamp(f) for f in files))
+  memo = cost_model.per_object(cost_model.per_object(_AUTO_COSTS, target, lambda _: {}),
+                               drafter, lambda _: {})
+  if key in memo:
+    return memo[key]
   saved = cost_model.saved_round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
-                                    filtered=filtered, cache_dir=auto.cache_dir)
-  if saved is not None:
-    return saved
-  growth = weight_products.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
-  ratio = None
-  if isinstance(drafter, DraftModel):
-    ratio = weight_products.step_ratio(drafter.model, target, B, S, auto.cache_dir)
-  return cost_model.prior_costs(target, drafter, B, S, auto.choices,
-                                cost_model.device_rates(auto.cache_dir), growth, ratio)
+                                       filtered=filtered, cache_dir=auto.cache_dir)
+  if saved is None:
+    growth = weight_products.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
+    ratio = None
+    if isinstance(drafter, DraftModel):
+      ratio = weight_products.step_ratio(drafter.model, target, B, S, auto.cache_dir)
+    saved = cost_model.prior_costs(target, drafter, B, S, auto.choices,
+                                   cost_model.device_rates(auto.cache_dir), growth, ratio)
+  # Keyed on the files as they are now that any measurement above has been written.
+  key = key[:-1] + (tuple(_stamp(f) for f in files),)
+  memo[key] = saved
+  return saved
+
+
+def _stamp(path: str):
+  try:
+    st = os.stat(path)
+  except OSError:
+    return None
+  return st.st_mtime_ns, st.st_size
+
+
+_AUTO_COSTS: dict = {}
+_DECODING_DRAFTERS: dict = {}
 
 
 def _placed(model: Model, layout, replicate: bool) -> Model:

@@ -118,30 +118,39 @@ def write_table(path: str, table: dict) -> None:
 COSTS_VERSION = 3
 
 
+def per_object(table: dict, obj, make):
+  """make(obj), kept in `table` for as long as `obj` lives (by identity, not equality:
+  models hold arrays). Objects that cannot be weakly referenced are not kept."""
+  hit = table.get(id(obj))
+  if hit is not None and hit[0]() is obj:
+    return hit[1]
+  value = make(obj)
+  key = id(obj)
+  try:
+    ref = weakref.ref(obj, lambda _, key=key: table.pop(key, None))
+  except TypeError:
+    return value
+  table[key] = (ref, value)
+  return value
+
+
 def _fingerprint(obj) -> Any:
   """Shapes, dtypes and static settings of a model or drafter (not its values).
 
   The same in every process: a model's functions are static fields whose repr carries
   their address ("<function apply at 0x7f..>"), which is dropped here, or nothing
   saved by one process would ever be found by the next. Kept per live object: an
-  `"auto"` call keys half a dozen lookups on it, and working it out again each time
-  cost about a millisecond, 2% of a 64-token call of a small model."""
-  hit = _FINGERPRINTS.get(id(obj))
-  if hit is not None and hit[0]() is obj:
-    return hit[1]
+  `"auto"` call keys half a dozen lookups on it."""
+  return per_object(_FINGERPRINTS, obj, _work_out_fingerprint)
+
+
+def _work_out_fingerprint(obj) -> Any:
   leaves, treedef = jax.tree_util.tree_flatten(obj)
-  found = [re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
-           [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
-  try:
-    key = id(obj)
-    ref = weakref.ref(obj, lambda _, key=key: _FINGERPRINTS.pop(key, None))
-  except TypeError:  # not weakly referable: not kept
-    return found
-  _FINGERPRINTS[key] = (ref, found)
-  return found
+  return [re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
+          [(tuple(x.shape), str(x.dtype)) for x in leaves if hasattr(x, "shape")]]
 
 
-_FINGERPRINTS: dict[int, tuple[weakref.ref, Any]] = {}
+_FINGERPRINTS: dict = {}
 
 
 def cache_path(cache_dir: str | None = None, name: str = "costs.json") -> str:

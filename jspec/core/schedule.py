@@ -274,5 +274,17 @@ def after(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -
   """The choice for the round after one at `index` (static): `index` while it `stays`,
   else the best (`choose`); one pricing of the choices for both."""
   rate, best, due = _rates(schedule, auto, remaining, counts)
-  close = rate[index] >= (1.0 - auto.switch_margin) * jnp.max(rate)
-  return jnp.where((best == index) | (close & ~due), jnp.int32(index), best)
+  margin = auto.switch_margin
+  close = rate[index] >= (1.0 - margin) * jnp.max(rate)
+  keep = (best == index) | (close & ~due)
+  if 0 not in auto.choices or auto.choices[index] == 0:
+    return jnp.where(keep, jnp.int32(index), best)
+  # A drafting K keeps its place only while it beats plain decoding by the margin, as
+  # it had to in order to leave it: its cost is an estimate, plain decoding's is not,
+  # and a near tie on a cost priced low (a small model's round does more than its
+  # weight products say) is a loss. A due probe is not held to it.
+  zero = auto.choices.index(0)
+  beats = lambda i: rate[i] >= (1.0 + margin) * rate[zero]
+  keep &= beats(index) | due
+  return jnp.where(keep, jnp.int32(index),
+                   jnp.where(beats(best) | due, best, jnp.int32(zero)))
