@@ -136,14 +136,6 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   new, did = decode.decode_round(target, drafter, s,
                                  dataclasses.replace(config, num_draft_tokens=k))
   lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice
-  if k == 0 and lookup is None:
-    # No evidence: only the idle count and the round count move (the fewer ops in the
-    # loop body, the closer a K = 0 round comes to a plain step of a small model).
-    schedule = dataclasses.replace(
-        sched, idle=sched.idle + 1, rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)))
-    if config.stream:
-      streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
-    return AutoState(new, schedule)
   if k > 0:
     n = jnp.minimum(did.accepted, real)  # [B] accepted this round
     judged = jnp.where(active, jnp.minimum(n + 1, real), 0)
