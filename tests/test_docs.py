@@ -31,7 +31,7 @@ MODULES = (
     "jspec.core.stats",
     "jspec.drafters.draft_model",
     "jspec.core.dynamic",
-    "jspec.core.weight_products",
+    "jspec.core.call_times",
     "jspec.drafters.eagle_tree",
     "jspec.tools.bench",
     "jspec.tools.bench_report",

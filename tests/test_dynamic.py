@@ -18,9 +18,10 @@ import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
 from jspec.core import dynamic, schedule
-from jspec.core import cost_model, weight_products
+from jspec.core import call_times, cost_model
 from jspec.tools import profile
 from jspec.core.drafter import DraftContext
+from jspec.drafters.draft_model import SYNC_CHUNK
 from reference import assert_counts_match
 
 # Costs under which a mediocre draft flips between K = 0 and K >= 1 as the estimate
@@ -242,8 +243,8 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
 def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monkeypatch, target,
                                                                   far_draft):
   """Without a saved profile, "auto" prices rounds with the prior: no round is timed.
-  The target's weight products are timed once for this machine, model and batch (the
-  prior's growth with the block, `jspec.core.weight_products`), the draft model's at one
+  The target's call is timed in loop once for this machine, model and shape (the
+  prior's growth with the block, `jspec.core.call_times`), the draft model's at one
   token (its step beside the target's), and read back after."""
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
 
@@ -255,18 +256,18 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   rates = cost_model.DeviceRates(bandwidth=20e9, rows=(1, 8, 512), compute=(10e9, 30e9, 170e9))
   monkeypatch.setattr(cost_model, "device_rates", lambda cache_dir=None: rates)
   priced, timed = [], []
-  prior, products_time = cost_model.prior_costs, weight_products.products_time
+  prior, loop_times = cost_model.prior_costs, call_times.loop_times
 
   def recording(*args, **kw):
     priced.append((args[4], sorted(args[6]), args[7]))
     return prior(*args, **kw)
 
-  def timing(model, products, repeats=5):
-    timed.append(products[0].activation.shape[:2])
-    return products_time(model, products, repeats)
+  def timing(model, batch, blocks, cache_length, calls=None, repeats=7):
+    timed.extend((batch, b) for b in blocks)
+    return loop_times(model, batch, blocks, cache_length, calls, repeats)
 
   monkeypatch.setattr(cost_model, "prior_costs", recording)
-  monkeypatch.setattr(weight_products, "products_time", timing)
+  monkeypatch.setattr(call_times, "loop_times", timing)
   prompts = ragged_prompts(2, target.vocab_size, seed=4)
   out = jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
                                    max_new_tokens=8, eos_id=())
@@ -274,15 +275,17 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   choices = schedule.AutoK().choices
   assert [p[0] for p in priced] == [choices]
   assert priced[0][1] == sorted(k + 1 for k in choices)  # a growth per block
-  # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens, the draft at 1.
-  assert sorted(timed) == [(2, 1), (2, 1), (2, 2), (2, max(choices) + 1)]
+  # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens, the draft at 1
+  # (its step) and at a catch-up call's block.
+  assert sorted(timed) == sorted([(2, 1), (2, 1), (2, 2), (2, max(choices) + 1),
+                                  (2, SYNC_CHUNK)])
   assert priced[0][2] > 0.0  # the draft step priced beside the target's (a timed ratio)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
   assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 2
-  # A second call reads the products' times back.
+  # A second call reads the calls' times back.
   jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
                              max_new_tokens=8, eos_id=())
-  assert len(timed) == 4 and (tmp_path / "products.json").exists()
+  assert len(timed) == 5 and (tmp_path / "calls.json").exists()
 
 
 @pytest.mark.parametrize("bad", [
@@ -320,6 +323,48 @@ def test_probes_after_idle_rounds_back_off(target, far_draft):
   idle, probes = out.rounds_by_k[0], out.rounds_by_k[2]
   gaps = np.cumsum([5 * 2 ** i for i in range(8)])
   assert probes == int(np.sum(gaps <= idle)) and probes >= 2, out.rounds_by_k
+
+
+def test_a_drafting_round_leaves_nothing_to_catch_up(target):
+  """After a round that drafted, the draft model is current below L' - 2 (its next
+  `propose` feeds the last two tokens): no catch-up call and no fee. After a plain
+  round the fee is the catch-up calls `sync` would make, times one call's cost."""
+  from jspec.core import decode
+
+  drafter = jspec.DraftModel(target)  # the target's own drafts: all accepted
+  auto = schedule.AutoK(choices=(0, 3), costs=(1.0, 1.2))
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, size=(2, 40)), jnp.int32)
+  lengths = jnp.asarray([40, 21], jnp.int32)
+  config = decode.DecodeConfig(num_draft_tokens=3, cache_length=96)
+  state = dynamic.init_state(target, drafter, tokens, lengths, jnp.asarray([30, 30], jnp.int32),
+                             None, jnp.asarray([-1], jnp.int32), jnp.arange(2, dtype=jnp.int32),
+                             jnp.asarray(auto.costs), config, auto, None, 0.5)
+  calls = lambda st: int(drafter.sync_calls(DraftContext(st.decode.tokens, st.decode.lengths),
+                                            st.schedule.synced))
+  # Nothing fed yet: the whole prompt (38 tokens of the longer row) in calls of 16.
+  assert calls(state) == 3 and float(state.schedule.fee) == pytest.approx(1.5)
+  drafted = dynamic.fixed_round(target, drafter, state, config, auto, index=1, sync=True)
+  # Rows moved by 4: counted from where the round began, they would need a call.
+  assert np.all(np.asarray(drafted.decode.stats.accepted) == 3)
+  assert calls(drafted) == 0 and float(drafted.schedule.fee) == 0.0
+  plain = drafted
+  for _ in range(3):
+    plain = dynamic.fixed_round(target, drafter, plain, config, auto, index=0)
+  assert calls(plain) == 1 and float(plain.schedule.fee) == pytest.approx(0.5)
+
+
+def test_a_catch_up_fee_spreads_over_the_tokens_to_go():
+  """A drafting K pays the fee once: its rate becomes tokens / (tokens / rate + fee),
+  so a K that beats plain decoding over a long call loses to it near the end."""
+  auto = schedule.AutoK(choices=(0, 1), costs=(1.0, 1.2))
+  # Acceptance (8 + 0.6 * 4) / (9 + 4) = 0.8: K = 1 makes 1.8 tokens for 1.2, a rate of
+  # 1.5 against plain decoding's 1; with the fee, 1.5 t / (t + 6), which wins past t = 12.
+  sched = dataclasses.replace(one_row((1.0, 1.2), accepted=8.0, judged=9.0),
+                              fee=jnp.asarray(4.0, jnp.float32))
+  for togo, k in ((100, 1), (13, 1), (11, 0), (2, 0)):
+    assert int(schedule.choose(sched, auto, jnp.asarray([togo], jnp.int32))) == k
+  free = dataclasses.replace(sched, fee=jnp.zeros((), jnp.float32))
+  assert int(schedule.choose(free, auto, jnp.asarray([2], jnp.int32))) == 1
 
 
 def one_row(costs, accepted, judged, idle=0, gap=64):

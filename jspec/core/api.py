@@ -24,6 +24,7 @@ from jspec.core import (constrained, cost_model, decode, dynamic, logprobs, sche
                         streaming)
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
+from jspec.drafters import draft_model
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.drafter import BranchDrafter, Drafter, DynamicTreeDrafter, TreeDrafter
 from jspec.core.model import Model
@@ -107,9 +108,9 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   inside the loop from the running acceptance and round costs at this batch size:
   a profile saved by `jspec profile` when there is one for these models and shapes,
   else a prior from the models' bytes and FLOPs and the device's rates (measured once
-  per machine and saved; `jspec.core.cost_model`), shaped by how the target's weight
-  products grow with the block (timed once per machine, model and batch and saved;
-  `jspec.core.weight_products`). The call never times a round; the
+  per machine and saved; `jspec.core.cost_model`), shaped by how the target's call
+  grows with the block (timed in loop once per machine, model and shape and saved;
+  `jspec.core.call_times`). The call never times a round; the
   choice is `jspec.core.schedule`, the loop `jspec.core.dynamic`. When no K can beat plain decoding
   at this batch size, even at `AutoK.ceiling` acceptance, the call runs plain
   decoding. `rounds_by_k` in the output says which K ran how often. Default: 4.
@@ -261,7 +262,8 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   if auto is not None:
     # Top-k / top-p make every position of a round sort its logits (costs differ).
     filtered = bool(np.any((top_ks > 0) | (top_ps < 1.0)))
-    costs = auto.costs or _auto_costs(target, drafter, B, S, auto, greedy, filtered)
+    costs, catch_up = (auto.costs, 0.0) if auto.costs else _auto_costs(
+        target, drafter, B, S, auto, greedy, filtered)
     choices, costs = schedule.select(auto, costs)
     if max(choices) == 0:
       drafter, auto, K = None, None, 0  # speculation cannot win here: plain decoding
@@ -282,7 +284,7 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
   else:
     out, new_lengths, stats, records, rounds = _auto_program(
         target, drafter, tokens_, lengths_, max_new_, params, eos_ids, seeds_, rows_constraint,
-        jnp.asarray(costs, jnp.float32), config, auto)
+        jnp.asarray(costs, jnp.float32), jnp.asarray(catch_up, jnp.float32), config, auto)
   width = int(max_new.max())
   if layout is not None and not out.is_fully_addressable:  # multi-host: every process gets all
     out, new_lengths, stats, records, rounds = jax.tree_util.tree_map(
@@ -304,15 +306,19 @@ def _run(target, drafter, prompts, K, max_new_tokens, temperature, top_k, top_p,
 def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: bool):
   """Round costs for "auto": a profile saved for these models and shapes (`jspec
   profile`), else the prior from bytes, FLOPs and the device's rates, shaped by how the
-  target's weight products grow with the block and, for a draft model, what its step
-  costs beside the target's (`jspec.core.weight_products`: timed once per machine,
-  model and batch, then read from the cache folder)."""
-  from jspec.core import weight_products
+  target's call grows with the block and, for a draft model, what its step costs beside
+  the target's (`jspec.core.call_times`: timed once per machine, model and shape, then
+  read from the cache folder).
+
+  Returns (costs, catch_up): catch_up is what one catch-up call of a draft model costs
+  in the same unit (a draft call on `SYNC_CHUNK` tokens over the target's one-token
+  call, timed alike, times a plain round; `dynamic.init_state`), 0 for other drafters."""
+  from jspec.core import call_times
 
   # Worked out once per process for the same models, shapes and saved files: the
   # lookups below cost about a millisecond, 2% of a 64-token call of a small model.
   files = [cost_model.cache_path(auto.cache_dir, name)
-           for name in ("costs.json", "products.json", "device.json")]
+           for name in ("costs.json", "calls.json", "device.json")]
   key = (B, S, auto.choices, greedy, filtered, tuple(files), tuple(_stamp(f) for f in files))
   memo = cost_model.per_object(cost_model.per_object(_AUTO_COSTS, target, lambda _: {}),
                                drafter, lambda _: {})
@@ -321,12 +327,18 @@ def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: b
   saved = cost_model.saved_round_costs(target, drafter, B, S, auto.choices, greedy=greedy,
                                        filtered=filtered, cache_dir=auto.cache_dir)
   if saved is None:
-    growth = weight_products.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
+    growth = call_times.growth(target, B, [k + 1 for k in auto.choices], S, auto.cache_dir)
     ratio = None
     if isinstance(drafter, DraftModel):
-      ratio = weight_products.step_ratio(drafter.model, target, B, S, auto.cache_dir)
+      ratio = call_times.step_ratio(drafter.model, target, B, S, auto.cache_dir)
     saved = cost_model.prior_costs(target, drafter, B, S, auto.choices,
                                    cost_model.device_rates(auto.cache_dir), growth, ratio)
+  catch_up = 0.0
+  if isinstance(drafter, DraftModel) and 0 in auto.choices:
+    chunk = min(draft_model.SYNC_CHUNK, S)
+    catch_up = saved[auto.choices.index(0)] * call_times.step_ratio(
+        drafter.model, target, B, S, auto.cache_dir, block=chunk)
+  saved = (saved, catch_up)
   # Keyed on the files as they are now that any measurement above has been written.
   key = key[:-1] + (tuple(_stamp(f) for f in files),)
   memo[key] = saved
@@ -372,9 +384,9 @@ def _records(state: decode.DecodeState):
 
 @functools.partial(jax.jit, static_argnames=("config", "auto"))
 def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds,
-                  constraint, costs, config, auto):
+                  constraint, costs, catch_up, config, auto):
   state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                             seeds, costs, config, auto, constraint)
+                             seeds, costs, config, auto, constraint, catch_up)
   state = dynamic.decode_loop(target, drafter, state, config, auto)
   out, new_lengths = decode.output_tokens(state.decode)
   return out, new_lengths, state.decode.stats, _records(state.decode), state.schedule.rounds

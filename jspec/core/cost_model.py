@@ -25,9 +25,10 @@ measures whole rounds when that matters; what it saved is read here
 (`saved_round_costs`), so a decoding call never times a round.
 
 How a call's cost grows with its block is where bytes and FLOPs mislead most on a
-small CPU (the cost of a product over a few rows depends on the matrix's shape), so
-`call_time` can take that growth measured on the model's own weight products
-(`jspec.core.weight_products.growth`, timed once per machine, model and batch).
+small CPU (the cost of a product over a few rows depends on the matrix's shape, and a
+small model's call is mostly work that is not products), so `call_time` can take that
+growth timed on the model's own calls (`jspec.core.call_times.growth`, once per
+machine, model and shape).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ _FINGERPRINTS: dict = {}
 
 def cache_path(cache_dir: str | None = None, name: str = "costs.json") -> str:
   """Where saved measurements are kept: <cache_dir>/<name> (profiles: costs.json;
-  device rates: device.json; weight products: products.json), by default in jspec's
+  device rates: device.json; call times: calls.json), by default in jspec's
   cache folder ($JSPEC_CACHE_DIR, else ~/.cache/jspec)."""
   from jspec.core import compilation
 
@@ -266,22 +267,22 @@ def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRat
               growth: dict[int, float] | None = None) -> float:
   """Prior seconds of one cached call of `model` on `block` tokens per row.
 
-  growth: {block: cost ratio to a one-token call} measured from the model's own weight
-  products (`jspec.core.weight_products.growth`); the weights' time is then that of a
-  one-token call times growth[block] rather than the probe's compute rate at
-  batch * block rows."""
+  growth: {block: cost ratio to a one-token call} timed on the model's own calls
+  (`jspec.core.call_times.growth`); the call then costs the prior's one-token call
+  times growth[block], rather than the rates' estimate at batch * block rows."""
   w_bytes, w_params = _streamed(model)
   cache = jax.eval_shape(lambda: model.init_cache(batch, cache_length))
   c_bytes, c_elems = _bytes_and_params(cache)
-  r = batch * block
-  rate = rates.flops_rate(r)
-  if growth is not None and block in growth:
-    one = max(w_bytes / rates.bandwidth, 2.0 * w_params * batch / rates.flops_rate(batch))
-    weights = one * growth[block]
-  else:
+
+  def estimate(block: int) -> float:
+    r = batch * block
+    rate = rates.flops_rate(r)
     weights = max(w_bytes / rates.bandwidth, 2.0 * w_params * r / rate)
-  attention = c_bytes / rates.bandwidth + 4.0 * block * c_elems / rate
-  return weights + attention
+    return weights + c_bytes / rates.bandwidth + 4.0 * block * c_elems / rate
+
+  if growth is not None and block in growth:
+    return estimate(1) * growth[block]
+  return estimate(block)
 
 
 def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRates,
@@ -305,8 +306,8 @@ def prior_costs(target, drafter, batch: int, cache_length: int, choices,
                 draft_ratio: float | None = None) -> tuple[float, ...]:
   """Prior seconds of a whole round at each K in `choices` (0: a plain round).
 
-  growth: the target's `weight_products.growth` at blocks K + 1 (None: the rates'
-  curve alone). draft_ratio: for a draft model, `weight_products.step_ratio` of it
+  growth: the target's `call_times.growth` at blocks K + 1 (None: the rates'
+  curve alone). draft_ratio: for a draft model, `call_times.step_ratio` of it
   to the target; a draft step then costs at least that share of a plain round.
   Kept per process for the same shapes: working it out traces the models' cache
   shapes, about 20 ms of host time, which on a small model is a tenth of a call."""

@@ -181,6 +181,10 @@ class CatchUpDrafter(Protocol):
     """The state brought up to the decode-state invariant from `synced` [B], the
     number of leading slots known to be current."""
 
+  def sync_calls(self, context: DraftContext, synced: jax.Array) -> jax.Array:
+    """[] int32: how many calls `sync` makes from `synced` (0: nothing to catch up).
+    `"auto"` prices a drafting round after plain ones with it."""
+
 
 @runtime_checkable
 class ObservingDrafter(Protocol):

@@ -64,12 +64,14 @@ class AutoState:
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
                seeds, costs, config: decode.DecodeConfig, auto: AutoK,
-               constraint=None) -> AutoState:
+               constraint=None, catch_up=0.0) -> AutoState:
   """`decode.init_state` for a dynamic loop (config K = the largest choice).
 
   A drafter that can `sync` is not prefilled here: its state is made from the
   first token only, and the first drafting round feeds the prompt. A call where
   speculation never pays (K = 0 throughout) then never runs the drafter at all.
+  catch_up: what one of its catch-up calls costs, in the unit of `costs`: the
+  schedule charges the calls it still needs to the next drafting round.
   """
   lazy = isinstance(drafter, CatchUpDrafter)
   target, drafter = decode.prepared(target), decode.prepared(drafter)
@@ -89,10 +91,20 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   lookup = proposal_counts(drafter, state, auto.max_k)
   B = tokens.shape[0]
   counts, first = lookup or (jnp.full((B,), auto.max_k, jnp.int32), jnp.zeros((B,), jnp.int32))
+  catch_up = jnp.asarray(catch_up if lazy else 0.0, jnp.float32)
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.asarray(auto.probe_every, jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32), counts,
-                                        first))
+                                        first, catch_up, _fee(drafter, state, synced, catch_up)))
+
+
+def _fee(drafter, state: decode.DecodeState, synced, catch_up) -> jax.Array:
+  """[] f32 what catching `drafter` up from `synced` would cost now (0 for a drafter
+  that never catches up)."""
+  if not isinstance(drafter, CatchUpDrafter):
+    return jnp.zeros((), jnp.float32)
+  context = DraftContext(tokens=state.tokens, lengths=state.lengths)
+  return catch_up * drafter.sync_calls(context, synced).astype(jnp.float32)
 
 
 def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
@@ -165,16 +177,22 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
                     auto.probe_every).astype(jnp.int32)
   else:
     gap = sched.gap
+  # A round that drafted leaves the drafter current below L' - 2 (its next `propose`
+  # feeds the last two committed tokens, as in a fixed-K loop): nothing to catch up.
+  synced = (jnp.where(active, jnp.maximum(new.lengths - 2, 0), sched.synced) if k > 0
+            else sched.synced)
   schedule = ScheduleState(
       costs=sched.costs,
       accepted=decay * sched.accepted + jnp.where(active, n, 0).astype(jnp.float32),
       judged=decay * sched.judged + judged.astype(jnp.float32),
-      synced=jnp.where(active, s.lengths, sched.synced) if k > 0 else sched.synced,
+      synced=synced,
       idle=jnp.zeros((), jnp.int32) if k > 0 else sched.idle + 1,
       gap=gap,
       rounds=sched.rounds.at[index].add(jnp.any(active).astype(jnp.int32)),
       counts=sched.counts if lookup is None else lookup[0],
       first=sched.first if lookup is None else lookup[1],
+      catch_up=sched.catch_up,
+      fee=_fee(drafter, new, synced, sched.catch_up),
   )
   if config.stream:  # committed tokens to the host, as the fixed-K loop sends them
     streaming.emit(new.tokens, new.lengths, new.prompt_lengths)

@@ -240,3 +240,9 @@ class DraftModel:
 
     _, cache = lax.while_loop(missing, feed, (synced.astype(jnp.int32), cache))
     return cache
+
+  def sync_calls(self, context: DraftContext, synced, chunk: int = SYNC_CHUNK):
+    """[] int32: the calls `sync` makes from `synced`: the row furthest behind sets it."""
+    W = min(chunk, context.tokens.shape[1])
+    behind = jnp.maximum(context.lengths - 2 - synced, 0)  # [B]
+    return jnp.max((behind + W - 1) // W).astype(jnp.int32)

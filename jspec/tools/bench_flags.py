@@ -7,7 +7,7 @@ weights once bounds it near one step; XLA CPU has options that route matrix prod
 to other kernels (XNNPACK, YNNPACK, oneDNN) or change its own code generation. Each
 option set is read once, when XLA starts, so every set runs in a process of its own:
 it loads the target, compiles a batch-1 cached call on each block size and times
-`calls` calls inside one jitted loop (`real_sections.call_loop_times`), interleaved
+`calls` calls inside one jitted loop (`jspec.core.call_times.loop_times`), interleaved
 over `repeats`. Reported per set: ms per call of each block size, each block's cost
 in steps, and whether the logits equal the default set's (a kernel that changes the
 numbers would change greedy answers at near-ties).
@@ -39,10 +39,10 @@ def child(target: str, blocks: list[int], calls: int, repeats: int) -> dict:
   import numpy as np
 
   from jspec.tools.bench_real import load_target
-  from jspec.tools.real_sections import call_loop_times
+  from jspec.core.call_times import loop_times
 
   model = load_target(target)
-  times = call_loop_times(model, blocks, 512, calls, repeats)
+  times = loop_times(model, 1, blocks, 512, calls, repeats)
   prepared = model.prepared()
   logits, _, _ = prepared.apply(jnp.arange(1, 6, dtype=jnp.int32)[None, :],
                                 prepared.init_cache(1, 64), jnp.zeros((1,), jnp.int32))

@@ -115,7 +115,8 @@ def real_demo(args, path: str) -> int:
   import jax
 
   import jspec
-  from jspec.tools import costs, real_sections
+  from jspec.core import call_times
+  from jspec.tools import costs
 
   t_start = time.perf_counter()
   progress = Progress()
@@ -198,7 +199,7 @@ def real_demo(args, path: str) -> int:
   # each timed in-loop here, against one step per token for plain decoding.
   progress.show("  timing a step and the verify blocks in-loop, for the ideal ...")
   widths = sorted({1} | {k + 1 for k, v in rounds.items() if v})
-  loop = real_sections.call_loop_times(target, widths, S, calls=4, repeats=3)
+  loop = call_times.loop_times(target, 1, widths, S, calls=4, repeats=3)
   cost = {w: statistics.median(loop[w]) for w in widths}
   progress.done()
   tokens = sum(r["tokens"] for r in rows)

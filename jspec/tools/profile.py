@@ -1,8 +1,8 @@
 """Timing decode rounds on this device: the profile that `"auto"` reads.
 
 `num_draft_tokens="auto"` never times a round inside a call: it starts from the
-prior of `jspec.core.cost_model` (whose only timing, the target's weight products, runs
-once per machine and model). This module measures what a round really costs, when
+prior of `jspec.core.cost_model` (whose only timings, the models' own calls in
+`jspec.core.call_times`, run once per machine, model and shape). This module measures what a round really costs, when
 asked (`jspec profile`, `profile_auto`), and keeps the times in
 `<cache_dir>/costs.json` under a key of the machine, the models' shapes and the call's
 shape; later calls with the same setup read them (`jspec.core.cost_model.saved_round_costs`).
@@ -15,50 +15,22 @@ where it loses; `round_costs` times whole rounds.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from jspec.core import cost_model, decode
+from jspec.core import call_times, cost_model, decode
 from jspec.core.drafter import DraftContext
 from jspec.core.model import Model
 from jspec.core.schedule import AutoK, monotone
 
 
-def _loop(fn, calls: int, models):
-  """`fn(models, carry, i) -> (carry, out)` run `calls` times in one jitted fori_loop,
-  so dispatch is paid once, as inside the decode loop. The models are arguments of the
-  program, not constants of it: closed over, a 135M model's weights were folded as
-  constants for minutes at compile time."""
-
-  @jax.jit
-  def many(models, carry):
-    def body(i, c):
-      carry, acc = c
-      carry, out = fn(models, carry, i)
-      return carry, acc + jnp.sum(out).astype(jnp.float32)
-    return lax.fori_loop(0, calls, body, (carry, jnp.zeros((), jnp.float32)))
-
-  return functools.partial(many, models)
-
-
-def _interleaved_times(loops: dict, carries: dict, calls: int, repeats: int) -> dict:
-  """Seconds per call of each loop: compiled first, then timed in turns, so a burst of
-  load on a shared machine hits every K alike; the minimum over turns is kept."""
-  for k, many in loops.items():
-    carries[k], acc = many(carries[k])  # compile
-    jax.block_until_ready(acc)
-  best = dict.fromkeys(loops, float("inf"))
-  for _ in range(repeats):
-    for k, many in loops.items():
-      t0 = time.perf_counter()
-      carries[k], acc = many(carries[k])
-      jax.block_until_ready(acc)
-      best[k] = min(best[k], (time.perf_counter() - t0) / calls)
-  return best
+def _interleaved_times(fns: dict, models, carries: dict, calls: int, repeats: int) -> dict:
+  """Seconds per call of each `fns[key](models, carry, i)` from `carries[key]`, in loop
+  and in turns (`call_times.looped`, `call_times.in_turns`): the fastest turn of each."""
+  runs = {key: call_times.looped(fn) for key, fn in fns.items()}
+  times = call_times.in_turns(runs, models, carries, calls, repeats)
+  return {key: min(t) for key, t in times.items()}
 
 
 def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: int, ks,
@@ -102,9 +74,9 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
                                     dataclasses.replace(config, num_draft_tokens=k))
         return state, state.lengths
 
-      loops[k] = _loop(whole_round, calls, (target, drafter))
+      loops[k] = whole_round
       carries[k] = state
-    return _interleaved_times(loops, carries, calls, repeats)
+    return _interleaved_times(loops, (target, drafter), carries, calls, repeats)
   if role == "pair":
     target, drafter = obj
     for k in ks:
@@ -122,9 +94,9 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
           logits = sampling.probabilities(logits, params)
         return (cache, dstate), sampling.greedy_tokens(logits)
 
-      loops[k] = _loop(pair, calls, (target, drafter))
+      loops[k] = pair
       carries[k] = (target.init_cache(B, S), jax.jit(lambda d: d.init(tokens, lengths, S))(drafter))
-    return _interleaved_times(loops, carries, calls, repeats)
+    return _interleaved_times(loops, (target, drafter), carries, calls, repeats)
   for k in ks:
     if role == "target":
       def verify(obj, carry, i, k=k):
@@ -138,7 +110,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         # would let XLA compute only that slice of the LM head.
         return (cache, block), sampling.greedy_tokens(logits)
 
-      loops[k] = _loop(verify, calls, obj)
+      loops[k] = verify
       carries[k] = (obj.init_cache(B, S), jnp.ones((B, k + 1), jnp.int32))
       if k == 0:
         # A whole plain round (step, argmax or sampling, commit): what it costs beyond
@@ -147,7 +119,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
           state, _ = decode.decode_round(obj, None, state, decode.DecodeConfig(0, S))
           return state, state.lengths
 
-        loops[ROUND] = _loop(plain, calls, obj)
+        loops[ROUND] = plain
         carries[ROUND] = jax.jit(
             lambda m: decode.init_state(m, None, tokens, lengths, jnp.full((B,), S, jnp.int32),
                                         params, jnp.full((1,), -1, jnp.int32),
@@ -161,9 +133,9 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         drafts, _, state = obj.propose(state, context, k, params, keys)
         return state, drafts
 
-      loops[k] = _loop(propose, calls, obj)
+      loops[k] = propose
       carries[k] = jax.jit(lambda d: d.init(tokens, lengths, S))(obj)
-  out = _interleaved_times(loops, carries, calls, repeats)
+  out = _interleaved_times(loops, obj, carries, calls, repeats)
   return {k: out.get(k, 0.0) for k in list(ks) + ([ROUND] if ROUND in out else [])}
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jspec.tools import bench_timing
+from jspec.core import call_times
 from jspec.core.api import generate, speculative_generate
 from jspec.core.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 from jspec.core.model import Model
@@ -301,49 +301,11 @@ def floor_section(path: str, target: Model, prompt, s: Settings) -> dict:
   return out
 
 
-def call_loop_times(model: Model, blocks, cache_length: int, calls: int, repeats: int,
-                prefix: int = 64) -> dict[int, list[float]]:
-  """Seconds per cached batch-1 call on each block size, `calls` calls inside one jitted
-  loop (dispatch paid once, as in decoding), the sizes timed in turns; one time per
-  repeat. The model is an argument of the loop, not a constant of it: closed over, a
-  135M model's weights become constants that XLA folds for minutes at compile time."""
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-
-  model = model.prepared()  # the params' decoding form, as inside the decode loop
-  start = jnp.full((1,), prefix, jnp.int32)
-  vocab = model.vocab_size
-
-  @jax.jit
-  def many(model, cache, block):
-    def body(i, carry):
-      cache, acc = carry
-      # Tokens that change with i, or XLA hoists the first layer out of the loop; an
-      # argmax over the whole vocabulary, as acceptance takes one.
-      logits, _, cache = model.apply((block + i) % vocab, cache, start)
-      return cache, acc + jnp.sum(jnp.argmax(logits, axis=-1))
-    return lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.int32)))
-
-  state = {b: (model.init_cache(1, cache_length), jnp.ones((1, b), jnp.int32)) for b in blocks}
-  for b in blocks:  # compile
-    cache, acc = many(model, *state[b])
-    acc.block_until_ready()
-  times = {b: [] for b in blocks}
-  for r in range(repeats):
-    for b in (blocks if r % 2 == 0 else blocks[::-1]):
-      t0 = time.perf_counter()
-      cache, acc = many(model, *state[b])
-      acc.block_until_ready()
-      times[b].append((time.perf_counter() - t0) / calls)
-  return times
-
-
 def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
                  repeats: int = 5) -> dict:
   """What a verify of K + 1 tokens costs against a 1-token step at batch 1.
 
-  in_loop: each call repeated inside one jitted loop (`call_loop_times`), the ratio the
+  in_loop: each call repeated inside one jitted loop (`jspec.core.call_times.loop_times`), the ratio the
   median over repeats of verify / step timed in the same repeat; single_calls: one
   call at a time, dispatched from Python (`costs.call_time`, medians). A verify
   costing more than a step is what speculation must win back: the ideal speedup of
@@ -351,7 +313,7 @@ def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
   """
   from jspec.tools import costs
 
-  loop = call_loop_times(target, [1, k + 1], cache_length, calls, repeats)
+  loop = call_times.loop_times(target, 1, [1, k + 1], cache_length, calls, repeats)
   step = costs.call_time(target, 1, 1, cache_length, repeats=calls)
   verify = costs.call_time(target, 1, k + 1, cache_length, repeats=calls)
   return {"k": k, "verify_tokens": k + 1, "cache_length": cache_length,

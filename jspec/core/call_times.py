@@ -1,0 +1,171 @@
+"""How a model call's cost grows with the tokens it carries, timed on the model itself:
+the part of the cost prior that bytes and FLOPs get wrong on a CPU.
+
+`jspec.core.cost_model` prices a call on r rows from the device's bandwidth and a
+compute rate probed on one stack of square-ish matrices. On a small CPU that misjudges
+a real model twice over. Whether XLA runs a product over 2-7 rows near the streaming
+speed or several times slower depends on each matrix's shape. And on a small model much
+of a call is not weight products at all: attention over the cache, norms and the fixed
+cost of a few hundred small kernels, which grow with the block too. Measured on a 2-core
+CPU, batch 1 unless said:
+
+    call on 2 tokens / on 1           whole call   weight products alone
+    SmolLM2-135M                        1.78x          1.38x
+    shipped 5M target, batch 4          1.20x          1.00x   (whole round: 1.21x)
+    the same, 7 tokens                  2.07x          1.20x   (whole round: 2.09x)
+
+Priced from the products alone, `"auto"` drafted rounds with the shipped draft model at
+batch 4 that cost 1.59 plain rounds where it expected 1.32, and ran at 0.91x of plain
+decoding.
+
+So the prior takes the growth from whole calls: the model's own cached call on T
+tokens per row, run several times inside one jitted loop (dispatch is paid once, as
+inside the decode loop), at T = 1, 2 and the largest block, the blocks timed in turns
+and the fastest turn of each kept:
+
+    growth(T) = call(B, T) / call(B, 1)
+
+Between 2 and the largest block it is interpolated in log T (a call's cost grows
+steeply from 1 to 2 tokens and slowly after). `step_ratio` divides a draft model's
+one-token call by its target's, timed alike. The times are kept in
+`<cache_dir>/calls.json` under the machine, the model's shapes, the batch and the cache
+length, so one machine times one model once per shape; on SmolLM2-135M that is three
+compiles of its call and a second or two of timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jspec.core import cost_model
+
+VERSION = 1  # part of the cache key: bump when what is timed changes
+TURN_SECONDS = 0.02  # a timed turn runs at least this long (timer and dispatch noise)
+MAX_CALLS = 64  # and at most this many calls
+PREFIX = 64  # cached tokens in front of the timed block (attention reads them)
+
+
+def looped(fn):
+  """`fn(models, carry, i) -> (carry, out)` as one jitted program `run(models, carry,
+  calls) -> (carry, total)` that calls it `calls` times (a traced count: one compile
+  serves every count) and sums its outputs, so that nothing it computes is dead.
+  The models are arguments of the program, not constants of it: closed over, a 135M
+  model's weights were folded as constants for minutes at compile time."""
+
+  @jax.jit
+  def run(models, carry, calls):
+    def body(i, c):
+      carry, acc = c
+      carry, out = fn(models, carry, i)
+      return carry, acc + jnp.sum(out).astype(jnp.float32)
+    return lax.fori_loop(0, calls, body, (carry, jnp.zeros((), jnp.float32)))
+
+  return run
+
+
+def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
+             ) -> dict[object, list[float]]:
+  """Seconds per call of each `looped` program in `runs` (same keys as `carries`), one
+  time per turn: all compiled first, then run in turns (alternating order), so a burst
+  of load on a shared machine hits each alike. calls None: as many per turn as make it
+  last TURN_SECONDS (at most MAX_CALLS), from a first timed run of each."""
+  counts = {}
+  for key, run in runs.items():
+    carries[key], acc = run(models, carries[key], 1)  # compile
+    jax.block_until_ready(acc)
+    if calls is None:
+      t0 = time.perf_counter()
+      carries[key], acc = run(models, carries[key], 1)
+      jax.block_until_ready(acc)
+      one = max(time.perf_counter() - t0, 1e-6)
+      counts[key] = int(min(MAX_CALLS, max(1, math.ceil(TURN_SECONDS / one))))
+    else:
+      counts[key] = calls
+  times = {key: [] for key in runs}
+  order = list(runs)
+  for r in range(repeats):
+    for key in (order if r % 2 == 0 else order[::-1]):
+      t0 = time.perf_counter()
+      carries[key], acc = runs[key](models, carries[key], counts[key])
+      jax.block_until_ready(acc)
+      times[key].append((time.perf_counter() - t0) / counts[key])
+  return times
+
+
+def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None = None,
+               repeats: int = 7, prefix: int = PREFIX) -> dict[int, list[float]]:
+  """Seconds per cached call of `model` on each block of `blocks` tokens per row, in
+  loop (`looped`, `in_turns`): one time per turn. The call starts after `prefix` cached
+  tokens (fewer when the block would not fit) and ends in an argmax over the whole
+  vocabulary, as acceptance takes one (a slice of the logits would let XLA compute only
+  that slice of the output head)."""
+  model = model.prepared() if hasattr(model, "prepared") else model  # its decoding form
+  blocks = sorted({int(b) for b in blocks})
+  vocab = model.vocab_size
+
+  def call(model, carry, i):
+    cache, block, start = carry
+    # Tokens that change with i, or XLA hoists the first layer's work out of the loop.
+    logits, _, cache = model.apply((block + i) % vocab, cache, start)
+    return (cache, block, start), jnp.argmax(logits, axis=-1)
+
+  run, runs, carries = looped(call), {}, {}
+  for b in blocks:
+    start = jnp.full((batch,), max(min(prefix, cache_length - b), 0), jnp.int32)
+    runs[b] = run  # one jitted program, compiled once per block shape
+    carries[b] = (model.init_cache(batch, cache_length), jnp.ones((batch, b), jnp.int32), start)
+  return in_turns(runs, model, carries, calls, repeats)
+
+
+def _times(model, batch: int, blocks, cache_length: int, cache_dir: str | None
+           ) -> dict[int, float]:
+  """{T: fastest seconds per call on T tokens} for each T in `blocks`. Reads and
+  extends `<cache_dir>/calls.json`; times only what it lacks, in one set of turns."""
+  path = cost_model.cache_path(cache_dir, "calls.json")
+  table = cost_model.read_table(path)
+  base = [cost_model.machine(), cost_model._fingerprint(model), batch, cache_length, VERSION]
+  key = lambda t: json.dumps(base + [t])
+  missing = [t for t in blocks if key(t) not in table]
+  if missing:
+    for t, seconds in loop_times(model, batch, missing, cache_length).items():
+      table[key(t)] = min(seconds)
+    cost_model.write_table(path, table)
+  return {t: float(table[key(t)]) for t in blocks}
+
+
+def growth(model, batch: int, blocks, cache_length: int,
+           cache_dir: str | None = None) -> dict[int, float]:
+  """{T: cost of a call on T tokens / on 1 token} for each T in `blocks`, timed at
+  1, 2 and the largest block and interpolated in log T between (module docstring)."""
+  blocks = sorted({int(t) for t in blocks} | {1})
+  measured = sorted({1, min(2, blocks[-1]), blocks[-1]})
+  times = _times(model, batch, measured, cache_length, cache_dir)
+  known_t = np.log(np.asarray(measured[1:], np.float64))
+  known_v = np.asarray([times[t] for t in measured[1:]], np.float64)
+  out = {1: 1.0}
+  for t in blocks[1:]:
+    value = float(np.interp(np.log(t), known_t, known_v))
+    out[t] = max(value / times[1], 1.0)  # more tokens never cost less
+  return out
+
+
+def step_ratio(model, reference, batch: int, cache_length: int, cache_dir: str | None = None,
+               block: int = 1) -> float:
+  """A call of `model` (a draft model) on `block` tokens per row over a one-token call
+  of `reference` (its target), both timed in loop at this batch and cache length.
+
+  The bandwidth-and-FLOPs prior prices a small model by its bytes, but a call also
+  pays per operation, and the smaller the model the larger that share: the shipped
+  1.5M-parameter draft streams 0.28 of its 5.3M target's bytes, and its one-token
+  call costs 0.29-0.38 of the target's on a 2-core CPU at batch 1-8. With a `block`
+  above one: what one call of a draft model's catch-up costs (`DraftModel.sync`)."""
+  mine = _times(model, batch, [block], cache_length, cache_dir)
+  theirs = _times(reference, batch, [1], cache_length, cache_dir)
+  return float(mine[block] / theirs[1])
