@@ -341,30 +341,31 @@ def test_a_drafting_round_leaves_nothing_to_catch_up(target):
                              jnp.asarray(auto.costs), config, auto, None, 0.5)
   calls = lambda st: int(drafter.sync_calls(DraftContext(st.decode.tokens, st.decode.lengths),
                                             st.schedule.synced))
+  fee = lambda st: float(dynamic.catch_up_fee(drafter, st))
   # Nothing fed yet: the whole prompt (38 tokens of the longer row) in calls of 16.
-  assert calls(state) == 3 and float(state.schedule.fee) == pytest.approx(1.5)
+  assert calls(state) == 3 and fee(state) == pytest.approx(1.5)
   drafted = dynamic.fixed_round(target, drafter, state, config, auto, index=1, sync=True)
   # Rows moved by 4: counted from where the round began, they would need a call.
   assert np.all(np.asarray(drafted.decode.stats.accepted) == 3)
-  assert calls(drafted) == 0 and float(drafted.schedule.fee) == 0.0
+  assert calls(drafted) == 0 and fee(drafted) == 0.0
   plain = drafted
   for _ in range(3):
     plain = dynamic.fixed_round(target, drafter, plain, config, auto, index=0)
-  assert calls(plain) == 1 and float(plain.schedule.fee) == pytest.approx(0.5)
+  assert calls(plain) == 1 and fee(plain) == pytest.approx(0.5)
 
 
 def test_a_catch_up_fee_spreads_over_the_tokens_to_go():
-  """A drafting K pays the fee once: its rate becomes tokens / (tokens / rate + fee),
-  so a K that beats plain decoding over a long call loses to it near the end."""
+  """A drafting K pays the fee, counted twice (the calls, and the chance they are sunk):
+  its rate becomes tokens / (tokens / rate + 2 fee), so a K that beats plain decoding
+  over a long call loses to it near the end."""
   auto = schedule.AutoK(choices=(0, 1), costs=(1.0, 1.2))
   # Acceptance (8 + 0.6 * 4) / (9 + 4) = 0.8: K = 1 makes 1.8 tokens for 1.2, a rate of
-  # 1.5 against plain decoding's 1; with the fee, 1.5 t / (t + 6), which wins past t = 12.
-  sched = dataclasses.replace(one_row((1.0, 1.2), accepted=8.0, judged=9.0),
-                              fee=jnp.asarray(4.0, jnp.float32))
-  for togo, k in ((100, 1), (13, 1), (11, 0), (2, 0)):
-    assert int(schedule.choose(sched, auto, jnp.asarray([togo], jnp.int32))) == k
-  free = dataclasses.replace(sched, fee=jnp.zeros((), jnp.float32))
-  assert int(schedule.choose(free, auto, jnp.asarray([2], jnp.int32))) == 1
+  # 1.5 against plain decoding's 1; with the fee, 1.5 t / (t + 12), which wins past t = 24.
+  sched = one_row((1.0, 1.2), accepted=8.0, judged=9.0)
+  fee = jnp.asarray(4.0, jnp.float32)
+  for togo, k in ((100, 1), (25, 1), (23, 0), (2, 0)):
+    assert int(schedule.choose(sched, auto, jnp.asarray([togo], jnp.int32), None, fee)) == k
+  assert int(schedule.choose(sched, auto, jnp.asarray([2], jnp.int32))) == 1  # no fee
 
 
 def one_row(costs, accepted, judged, idle=0, gap=64):

@@ -35,6 +35,7 @@ compiles of its call and a second or two of timing.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -46,8 +47,12 @@ from jax import lax
 
 from jspec.core import cost_model
 
-VERSION = 1  # part of the cache key: bump when what is timed changes
-TURN_SECONDS = 0.02  # a timed turn runs at least this long (timer and dispatch noise)
+VERSION = 2  # part of the cache key: bump when what is timed changes
+# A timed turn runs at least this long and this many calls: each run of a program pays
+# a fixed cost that the decode loop does not (on the shipped 5M target at batch 64,
+# about 5 ms: a call timed two to a run cost 11.6 ms, eight to a run 9.2 ms).
+TURN_SECONDS = 0.1
+MIN_CALLS = 4
 MAX_CALLS = 64  # and at most this many calls
 PREFIX = 64  # cached tokens in front of the timed block (attention reads them)
 
@@ -57,9 +62,12 @@ def looped(fn):
   calls) -> (carry, total)` that calls it `calls` times (a traced count: one compile
   serves every count) and sums its outputs, so that nothing it computes is dead.
   The models are arguments of the program, not constants of it: closed over, a 135M
-  model's weights were folded as constants for minutes at compile time."""
+  model's weights were folded as constants for minutes at compile time. The carry is
+  donated (pass each call's output carry to the next): kept, it would be copied into
+  the loop at every run, and a 67 MB cache copied per run of two calls made a call of
+  the shipped 5M target at batch 64 cost 17 ms where the decode loop spends 10."""
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=(1,))
   def run(models, carry, calls):
     def body(i, c):
       carry, acc = c
@@ -75,7 +83,8 @@ def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
   """Seconds per call of each `looped` program in `runs` (same keys as `carries`), one
   time per turn: all compiled first, then run in turns (alternating order), so a burst
   of load on a shared machine hits each alike. calls None: as many per turn as make it
-  last TURN_SECONDS (at most MAX_CALLS), from a first timed run of each."""
+  last TURN_SECONDS (at least MIN_CALLS, at most MAX_CALLS), from a first timed run
+  of each."""
   counts = {}
   for key, run in runs.items():
     carries[key], acc = run(models, carries[key], 1)  # compile
@@ -85,7 +94,7 @@ def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
       carries[key], acc = run(models, carries[key], 1)
       jax.block_until_ready(acc)
       one = max(time.perf_counter() - t0, 1e-6)
-      counts[key] = int(min(MAX_CALLS, max(1, math.ceil(TURN_SECONDS / one))))
+      counts[key] = int(min(MAX_CALLS, max(MIN_CALLS, math.ceil(TURN_SECONDS / one))))
     else:
       counts[key] = calls
   times = {key: [] for key in runs}
@@ -100,7 +109,7 @@ def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
 
 
 def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None = None,
-               repeats: int = 7, prefix: int = PREFIX) -> dict[int, list[float]]:
+               repeats: int = 5, prefix: int = PREFIX) -> dict[int, list[float]]:
   """Seconds per cached call of `model` on each block of `blocks` tokens per row, in
   loop (`looped`, `in_turns`): one time per turn. The call starts after `prefix` cached
   tokens (fewer when the block would not fit) and ends in an argmax over the whole

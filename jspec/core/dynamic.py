@@ -95,16 +95,18 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   return AutoState(state, ScheduleState(costs, zero, zero, synced, jnp.zeros((), jnp.int32),
                                         jnp.asarray(auto.probe_every, jnp.int32),
                                         jnp.zeros((len(auto.choices),), jnp.int32), counts,
-                                        first, catch_up, _fee(drafter, state, synced, catch_up)))
+                                        first, catch_up))
 
 
-def _fee(drafter, state: decode.DecodeState, synced, catch_up) -> jax.Array:
-  """[] f32 what catching `drafter` up from `synced` would cost now (0 for a drafter
-  that never catches up)."""
+def catch_up_fee(drafter, state: AutoState):
+  """[] f32 what catching `drafter` up would cost before its next draft, in the unit of
+  the costs; None for a drafter that never catches up. Worked out only where the
+  schedule prices the choices, not every round."""
   if not isinstance(drafter, CatchUpDrafter):
-    return jnp.zeros((), jnp.float32)
-  context = DraftContext(tokens=state.tokens, lengths=state.lengths)
-  return catch_up * drafter.sync_calls(context, synced).astype(jnp.float32)
+    return None
+  s, sched = state.decode, state.schedule
+  context = DraftContext(tokens=s.tokens, lengths=s.lengths)
+  return sched.catch_up * drafter.sync_calls(context, sched.synced).astype(jnp.float32)
 
 
 def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
@@ -192,7 +194,6 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
       counts=sched.counts if lookup is None else lookup[0],
       first=sched.first if lookup is None else lookup[1],
       catch_up=sched.catch_up,
-      fee=_fee(drafter, new, synced, sched.catch_up),
   )
   if config.stream:  # committed tokens to the host, as the fixed-K loop sends them
     streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
@@ -221,7 +222,8 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
     return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)
 
   def pick(s: AutoState):
-    return choose(s.schedule, auto, remaining(s), s.schedule.counts).astype(jnp.int32)
+    return choose(s.schedule, auto, remaining(s), s.schedule.counts,
+                  catch_up_fee(drafter, s)).astype(jnp.int32)
 
   def finished(s: AutoState):
     return jnp.sum(s.decode.done.astype(jnp.int32))
@@ -239,7 +241,8 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
       if auto.probe_every:
         same &= s.schedule.idle < s.schedule.gap
       return jnp.where(same, jnp.int32(index), REPICK)
-    return after(s.schedule, auto, remaining(s), s.schedule.counts, index).astype(jnp.int32)
+    return after(s.schedule, auto, remaining(s), s.schedule.counts, index,
+                 catch_up_fee(drafter, s)).astype(jnp.int32)
 
   def phase(index: int):
     def go(carry):
@@ -267,12 +270,12 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
 
   def first(s: AutoState):
     # The loop starts as if in plain decoding and leaves it as any round would: only for
-    # a K that beats it by more than `switch_margin`. A near tie on the prior alone is
-    # not worth a drafter's first round (a draft model then feeds it the whole prompt).
+    # a K that beats it by more than `switch_margin`, a draft model's catch-up (the
+    # whole prompt, here) included.
     if 0 not in auto.choices:
       return pick(s)
-    return after(s.schedule, auto, remaining(s), s.schedule.counts,
-                 auto.choices.index(0)).astype(jnp.int32)
+    return after(s.schedule, auto, remaining(s), s.schedule.counts, auto.choices.index(0),
+                 catch_up_fee(drafter, s)).astype(jnp.int32)
 
   with jax.named_scope("auto_loop"):
     carry = (state, first(state), finished(state))

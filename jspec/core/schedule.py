@@ -162,27 +162,26 @@ def select(auto: AutoK, costs) -> tuple[tuple[int, ...], tuple[float, ...]]:
   """The choices to compile (and their costs): those that can beat plain decoding at
   `auto.ceiling` (`worthwhile`), then at most `auto.compiled` of them.
 
-  When more remain, 0 stays and the others are added one at a time, each time the K
-  that most raises the mean over acceptance rates in [0, ceiling] of the best rate
-  among those kept: the loop runs the best compiled K at whatever acceptance the text
-  turns out to have, so this is the throughput to expect when nothing is known about
-  it. Counting instead the acceptance rates at which each K is the single best kept a
-  short K that wins narrowly over a wide range of middling rates (K = 1 on the shipped
-  pair at batch 1) over a long one that wins by far where lookups match (K = 4-6: 1.4x
-  against 1.1x for n-gram drafts).
+  When more remain, 0 stays and the others are those with the best rate (expected
+  tokens per unit cost) at `auto.prior`, the acceptance the loop assumes before it has
+  evidence: a user who expects drafts to be accepted more often says so there, and a
+  longer K is compiled. Two rules tried before, on n-gram drafts over the shipped pair
+  (fixed two-K loops measured side by side: batch 2 best at K = 4, 1.78x against 1.50x
+  at K = 1; batch 4-16 best at K = 1-2, where K = 6 ran at 0.96-1.00x):
+  - the K that is the single best over the widest range of acceptance rates in
+    [0, ceiling] kept K = 1 at batch 2;
+  - the K that most raises the mean over that range of the best kept rate kept K = 6
+    at every batch: it weighs the large gains of long K at acceptance rates that the
+    batch's slowest row seldom reaches.
   """
   ks, cs = worthwhile(auto, costs)
   if len(ks) <= auto.compiled:
     return ks, cs
   k_arr, c_arr = np.asarray(ks, np.float64), np.asarray(cs, np.float64)
-  grid = np.linspace(0.0, auto.ceiling, 64)
-  rate = expected_tokens(grid[:, None], k_arr[None, :]) / c_arr[None, :]  # [A, C]
-  keep = [int(np.flatnonzero(k_arr == 0)[0])] if np.any(k_arr == 0) else []
-  while len(keep) < auto.compiled:
-    rest = [i for i in range(len(ks)) if i not in keep]
-    mean = [np.max(rate[:, keep + [i]], axis=1).mean() for i in rest]
-    keep.append(rest[int(np.argmax(mean))])  # ties: the smaller K
-  keep.sort()
+  rate = expected_tokens(np.float64(auto.prior), k_arr) / c_arr  # [C]
+  rate[k_arr == 0] = np.inf  # plain decoding always stays
+  order = sorted(range(len(ks)), key=lambda i: (-rate[i], ks[i]))  # ties: the smaller K
+  keep = sorted(order[:auto.compiled])
   return tuple(ks[i] for i in keep), tuple(cs[i] for i in keep)
 
 
@@ -227,12 +226,9 @@ class ScheduleState:
   # [] f32 what one catch-up call of the drafter costs, in the unit of `costs` (0: a
   # drafter that never catches up, or costs given without it)
   catch_up: jax.Array | float = 0.0
-  # [] f32 what the drafter's catch-up before its next draft costs: catch_up times the
-  # calls it needs (a draft model after rounds that did not draft; 0 after one that did)
-  fee: jax.Array | float = 0.0
 
 
-def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
+def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts, fee=None):
   """(rate [C] expected tokens per unit cost of each choice for the critical rows,
   the chosen index, whether a probe is due); see `choose`."""
   rows = ((schedule.accepted + auto.prior * auto.prior_weight)
@@ -245,12 +241,16 @@ def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
   pace = jnp.min(jnp.where(critical[:, None], tokens, jnp.inf), axis=0)  # [C]
   rate = jnp.where(jnp.any(critical), pace, 1.0) / schedule.costs  # [C]
   # A drafter that must catch up before it drafts (a draft model fed nothing during
-  # plain rounds: at the start, the whole prompt) pays `fee` once. Spread over the
-  # tokens still to go it lowers every drafting K's rate, the more the nearer the end:
-  # rate = tokens / (tokens / rate + fee).
-  if not isinstance(schedule.fee, float):  # (a float: a state built without one)
+  # plain rounds: at the start, the whole prompt) pays `fee` first ([] f32: catch_up
+  # times the calls it needs; 0 right after a round that drafted). It is counted
+  # twice: once for the calls, once for the chance that the drafts disappoint and the
+  # loop returns to K = 0 with the fee sunk (at even odds that the estimate is wrong,
+  # a bet that saves s pays off only when s / 2 - fee > 0). Spread over the tokens
+  # still to go, it lowers every drafting K's rate, the more the nearer the end:
+  # rate = tokens / (tokens / rate + 2 fee).
+  if fee is not None:
     togo = jnp.maximum(jnp.max(remaining), 1).astype(jnp.float32)
-    rate = jnp.where(ks[0] > 0, togo / (togo / rate + schedule.fee), rate)
+    rate = jnp.where(ks[0] > 0, togo / (togo / rate + 2.0 * fee), rate)
   best = jnp.argmax(rate).astype(jnp.int32)
   if not auto.probe_every:
     return rate, best, jnp.zeros((), jnp.bool_)
@@ -265,7 +265,7 @@ def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts):
   return rate, jnp.where(due, probe, best), due
 
 
-def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.Array:
+def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None, fee=None) -> jax.Array:
   """Index into `auto.choices` of the K with the most expected tokens per unit cost
   for the critical rows: the active rows with the most tokens still to generate, and
   among them the one whose expected tokens at that K are fewest.
@@ -280,20 +280,24 @@ def choose(schedule: ScheduleState, auto: AutoK, remaining, counts=None) -> jax.
   round (`proposal_counts`). A K above a row's count is credited only the drafts it
   has (at a K's cost), so it never beats K = count; with no drafts at all every K > 0
   is a plain step at a higher cost.
+  fee: optional [] f32, what catching the drafter up before it drafts costs (in the
+  unit of the costs; `_rates`).
   """
-  return _rates(schedule, auto, remaining, counts)[1]
+  return _rates(schedule, auto, remaining, counts, fee)[1]
 
 
-def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
+def stays(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int,
+          fee=None) -> jax.Array:
   """Whether the loop keeps choice `index` (static) for the next round: it is the
   best, or within `auto.switch_margin` of the best's rate and no probe is due."""
-  return after(schedule, auto, remaining, counts, index) == index
+  return after(schedule, auto, remaining, counts, index, fee) == index
 
 
-def after(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int) -> jax.Array:
+def after(schedule: ScheduleState, auto: AutoK, remaining, counts, index: int,
+          fee=None) -> jax.Array:
   """The choice for the round after one at `index` (static): `index` while it `stays`,
   else the best (`choose`); one pricing of the choices for both."""
-  rate, best, due = _rates(schedule, auto, remaining, counts)
+  rate, best, due = _rates(schedule, auto, remaining, counts, fee)
   margin = auto.switch_margin
   close = rate[index] >= (1.0 - margin) * jnp.max(rate)
   keep = (best == index) | (close & ~due)

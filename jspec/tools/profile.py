@@ -75,7 +75,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         return state, state.lengths
 
       loops[k] = whole_round
-      carries[k] = state
+      carries[k] = jax.tree_util.tree_map(jnp.copy, state)  # each loop's own: donated
     return _interleaved_times(loops, (target, drafter), carries, calls, repeats)
   if role == "pair":
     target, drafter = obj
