@@ -24,8 +24,7 @@ from jspec.core import (constrained, cost_model, decode, dynamic, logprobs, sche
                         streaming)
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
-from jspec.drafters import draft_model
-from jspec.drafters.draft_model import DraftModel
+from jspec.drafters.draft_model import SYNC_CHUNK, DraftModel
 from jspec.core.drafter import BranchDrafter, Drafter, DynamicTreeDrafter, TreeDrafter
 from jspec.core.model import Model
 from jspec.core.sampling import SamplingParams
@@ -335,7 +334,7 @@ def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: b
                                    cost_model.device_rates(auto.cache_dir), growth, ratio)
   catch_up = 0.0
   if isinstance(drafter, DraftModel) and 0 in auto.choices:
-    chunk = min(draft_model.SYNC_CHUNK, S)
+    chunk = min(SYNC_CHUNK, S)
     catch_up = saved[auto.choices.index(0)] * call_times.step_ratio(
         drafter.model, target, B, S, auto.cache_dir, block=chunk)
   saved = (saved, catch_up)

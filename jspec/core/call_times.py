@@ -115,7 +115,7 @@ def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None =
   tokens (fewer when the block would not fit) and ends in an argmax over the whole
   vocabulary, as acceptance takes one (a slice of the logits would let XLA compute only
   that slice of the output head)."""
-  model = model.prepared() if hasattr(model, "prepared") else model  # its decoding form
+  model = model.prepared()  # its decoding form, as the decode loop runs it
   blocks = sorted({int(b) for b in blocks})
   vocab = model.vocab_size
 
