@@ -158,10 +158,9 @@ def growth(model, batch: int, blocks, cache_length: int,
   times = _times(model, batch, measured, cache_length, cache_dir)
   known_t = np.log(np.asarray(measured[1:], np.float64))
   known_v = np.asarray([times[t] for t in measured[1:]], np.float64)
-  out = {1: 1.0}
-  for t in blocks[1:]:
-    value = float(np.interp(np.log(t), known_t, known_v))
-    out[t] = max(value / times[1], 1.0)  # more tokens never cost less
+  out, floor = {1: 1.0}, 1.0
+  for t in blocks[1:]:  # ascending: more tokens never cost less (a faster time is noise)
+    floor = out[t] = max(float(np.interp(np.log(t), known_t, known_v)) / times[1], floor)
   return out
 
 
