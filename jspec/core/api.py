@@ -12,7 +12,6 @@ static: a batch whose every row is greedy runs the argmax-only program
 from __future__ import annotations
 
 import dataclasses
-import functools
 import numbers
 import os
 
@@ -20,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import (constrained, cost_model, decode, dynamic, logprobs, schedule, sharding,
-                        streaming)
+from jspec.core import (compilation, constrained, cost_model, decode, dynamic, logprobs, schedule,
+                        sharding, streaming)
 from jspec.core.inputs import (cache_bucket, eos_array, per_row_float, per_row_int,
                                prompts_to_array, row_seeds)
 from jspec.drafters.draft_model import SYNC_CHUNK, DraftModel
@@ -365,7 +364,7 @@ def _placed(model: Model, layout, replicate: bool) -> Model:
   return model if on_mesh else sharding.shard_model(model, layout, replicate=replicate)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@compilation.program(static_argnames=("config",))
 def _program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
              config):
   state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
@@ -381,7 +380,7 @@ def _records(state: decode.DecodeState):
   return logprobs.output(state.logprobs, state.prompt_lengths, state.lengths)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "auto"))
+@compilation.program(static_argnames=("config", "auto"))
 def _auto_program(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds,
                   constraint, costs, catch_up, config, auto):
   state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,

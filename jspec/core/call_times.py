@@ -35,7 +35,6 @@ compiles of its call and a second or two of timing.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
@@ -45,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec.core import cost_model
+from jspec.core import compilation, cost_model
 
 VERSION = 2  # part of the cache key: bump when what is timed changes
 # A timed turn runs at least this long and this many calls: each run of a program pays
@@ -67,7 +66,7 @@ def looped(fn):
   the loop at every run, and a 67 MB cache copied per run of two calls made a call of
   the shipped 5M target at batch 64 cost 17 ms where the decode loop spends 10."""
 
-  @functools.partial(jax.jit, donate_argnums=(1,))
+  @compilation.program(donate_argnums=(1,))  # compiled as the decode loop is
   def run(models, carry, calls):
     def body(i, c):
       carry, acc = c
