@@ -1,6 +1,7 @@
 """What XLA CPU's options do to a step and a verify: one fresh process per option set.
 
     python -m jspec.tools.bench_flags [--target smollm2] [--blocks 1,5,24] [--json out.json]
+    python -m jspec.tools.bench_flags --programs [--target smollm2] [--repeats 5]
 
 A verify of a few tokens costs several one-token steps on a CPU, where reading the
 weights once bounds it near one step; XLA CPU has options that route matrix products
@@ -11,6 +12,11 @@ it loads the target, compiles a batch-1 cached call on each block size and times
 over `repeats`. Reported per set: ms per call of each block size, each block's cost
 in steps, and whether the logits equal the default set's (a kernel that changes the
 numbers would change greedy answers at near-ties).
+
+`--programs` measures the options jspec compiles its own programs with
+(`jspec.core.compilation.CPU_OPTIONS`) instead: greedy decoding of one held-out chat
+prompt of each kind, compiled with and without them, in one process, the two
+interleaved over `repeats`; answers must be identical.
 """
 
 from __future__ import annotations
@@ -84,6 +90,51 @@ def run(target: str, blocks: list[int], calls: int = 10, repeats: int = 5, sets=
   return report
 
 
+def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
+                    log=print) -> dict:
+  """Tokens/s of greedy decoding compiled with and without CPU_OPTIONS (module docstring)."""
+  import time
+
+  import numpy as np
+
+  from jspec.core import api
+  from jspec.tools import bench_real, real_sections
+
+  s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)
+  model = bench_real.load_target(bench_real.resolve(target))
+  prompts = bench_real.default_prompts(model, 1)
+  P, S = real_sections._shapes(prompts, s)
+  calls = [real_sections._jspec(model, [ids], P, S, s) for _, ids in prompts]
+  program = api._program
+  variants = {"without": program._plain, "with CPU_OPTIONS": program._cpu}
+
+  def run_all(jitted):
+    program._jitted = lambda: jitted  # this instance only; removed below
+    try:
+      return [np.asarray(call().tokens) for call in calls]
+    finally:
+      del program._jitted
+
+  answers = {name: run_all(j) for name, j in variants.items()}  # compiles both
+  same = all(np.array_equal(a, b) for a, b in zip(*answers.values()))
+  tokens = sum(int((a >= 0).sum()) for a in answers["without"])
+  times = {name: [] for name in variants}
+  for r in range(repeats):
+    for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+      t0 = time.perf_counter()
+      run_all(variants[name])
+      times[name].append(time.perf_counter() - t0)
+  report = {"tokens": tokens, "identical_answers": same, "options": api.compilation.CPU_OPTIONS,
+            "times_s": times,
+            "tokens_per_s": {n: tokens / statistics.median(t) for n, t in times.items()},
+            "speedup_per_repeat": [a / b for a, b in zip(*times.values())]}
+  for name, rate in report["tokens_per_s"].items():
+    log(f"{name:<18} {rate:.1f} tokens/s")
+  log(f"speedup per repeat: {', '.join(f'{x:.3f}' for x in report['speedup_per_repeat'])}; "
+      f"answers identical: {same}")
+  return report
+
+
 def main(argv=None) -> int:
   """The command line (module docstring); --child is the measuring process itself."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,6 +145,8 @@ def main(argv=None) -> int:
   parser.add_argument("--sets", default=None, help="comma-separated names of OPTION_SETS")
   parser.add_argument("--rounds", type=int, default=1, help="runs of every set, in turns")
   parser.add_argument("--json", default=None)
+  parser.add_argument("--programs", action="store_true",
+                      help="jspec's own program options, with against without")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   blocks = [int(b) for b in args.blocks.split(",")]
@@ -101,7 +154,10 @@ def main(argv=None) -> int:
     print(json.dumps(child(args.target, blocks, args.calls, args.repeats)))
     return 0
   sets = None if args.sets is None else args.sets.split(",")
-  report = run(args.target, blocks, args.calls, args.repeats, sets, args.rounds)
+  if args.programs:
+    report = program_options(args.target, args.repeats)
+  else:
+    report = run(args.target, blocks, args.calls, args.repeats, sets, args.rounds)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=2)
