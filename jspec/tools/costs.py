@@ -8,18 +8,17 @@ and T_draft one drafter call, all at the same batch size, measured here.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import compilation
 from jspec.core.model import Model
 
 
-@functools.partial(jax.jit, donate_argnums=(2,))
+@compilation.program(donate_argnums=(2,))  # compiled as the decoding programs are
 def _call(model, tokens, cache, start):
   logits, _, cache = model.apply(tokens, cache, start)
   return logits, cache
