@@ -36,9 +36,11 @@ def test_a_batch_1_step_writes_its_cache_in_place(kv_heads):
   model = jspec.models.init(tiny_config(kv_heads=kv_heads), seed=0)
   plain = jax.jit(_step, donate_argnums=(1,))
   ours = compilation.program(_step, donate_argnums=(1,))
-  buffers = 2 * model.config.num_hidden_layers
-  assert _cache_copies(plain, model, 1) >= buffers  # the copies the options remove
   assert _cache_copies(ours, model, 1) == 0
+  copies = _cache_copies(plain, model, 1)  # the copies the options remove
+  if copies == 0:
+    pytest.skip("this XLA copies no cache buffer without the options either")
+  assert copies >= 2 * model.config.num_hidden_layers  # every K and V buffer
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA CPU's")
