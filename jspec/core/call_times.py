@@ -46,7 +46,7 @@ from jax import lax
 
 from jspec.core import compilation, cost_model
 
-VERSION = 2  # part of the cache key: bump when what is timed changes
+VERSION = 3  # part of the cache key: bump when what is timed changes (3: CPU_OPTIONS)
 # A timed turn runs at least this long and this many calls: each run of a program pays
 # a fixed cost that the decode loop does not (on the shipped 5M target at batch 64,
 # about 5 ms: a call timed two to a run cost 11.6 ms, eight to a run 9.2 ms).
