@@ -612,3 +612,39 @@ def test_eagle_cache_stays_true_through_plain_rounds(target):
                                np.asarray(want["k"][b, ..., :upto]), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(got["v"][b, :, :upto]),
                                np.asarray(want["v"][b, :, :upto]), atol=1e-4, rtol=1e-4)
+
+
+def test_a_drafter_with_sync_alone_is_still_caught_up(target):
+  """`sync_calls` is optional: a drafter that defines `sync` alone is caught up before
+  a drafting round (not left drafting from a stale cache), with no fee priced."""
+  from jspec.core import decode
+  from jspec.core.drafter import CatchUpDrafter
+
+  class SyncOnly:
+    """The draft model's methods, without `sync_calls`; counts its catch-ups."""
+
+    def __init__(self, inner):
+      self.inner, self.syncs = inner, []
+
+    def __getattr__(self, name):
+      if name == "sync_calls":
+        raise AttributeError(name)
+      return getattr(self.inner, name)
+
+    def sync(self, state, context, synced):
+      jax.debug.callback(lambda: self.syncs.append(1))
+      return self.inner.sync(state, context, synced)
+
+  drafter = SyncOnly(jspec.DraftModel(target))
+  assert isinstance(drafter, CatchUpDrafter) and not hasattr(drafter, "sync_calls")
+  auto = schedule.AutoK(choices=(0, 3), costs=(1.0, 1.2))
+  config = decode.DecodeConfig(num_draft_tokens=3, cache_length=96)
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, size=(1, 40)), jnp.int32)
+  state = dynamic.init_state(target, drafter, tokens, jnp.asarray([40], jnp.int32),
+                             jnp.asarray([30], jnp.int32), None, jnp.asarray([-1], jnp.int32),
+                             jnp.arange(1, dtype=jnp.int32), jnp.asarray(auto.costs),
+                             config, auto, None, 0.5)
+  assert dynamic.catch_up_fee(drafter, state) is None
+  after = dynamic.fixed_round(target, drafter, state, config, auto, index=1, sync=True)
+  jax.effects_barrier()
+  assert drafter.syncs and np.all(np.asarray(after.decode.stats.accepted) == 3)

@@ -43,7 +43,8 @@ which a drafter has; nothing else is probed):
         row furthest behind (`jspec.core.dynamic`).
     CatchUpDrafter: sync(state, context, synced) -> state
         a drafter with state (a draft model's KV cache) that rounds without drafting
-        leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`).
+        leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`);
+        with sync_calls(context, synced) as well, `"auto"` prices that catch-up.
     BranchDrafter: a TreeDrafter that also has the target compute a side branch
         for it in the same call (lookahead decoding): verify_tree(K) -> Tree, the
         candidates' static tree; side_tree() -> Tree, the side branch hung under
@@ -175,15 +176,18 @@ class BranchDrafter(Protocol):
 
 @runtime_checkable
 class CatchUpDrafter(Protocol):
-  """A drafter whose state must catch up after rounds that did not call it."""
+  """A drafter whose state must catch up after rounds that did not call it.
+
+  It may also define `sync_calls(context, synced) -> [] int32`, how many calls `sync`
+  makes from `synced` (0: nothing to catch up); `"auto"` then prices a drafting round
+  after plain ones with it (`dynamic.catch_up_fee`). Without it the catch-up still
+  happens, unpriced. (It is not part of the protocol, so that a drafter written
+  against `sync` alone is still caught up rather than left with a stale state.)
+  """
 
   def sync(self, state: Any, context: DraftContext, synced: jax.Array) -> Any:
     """The state brought up to the decode-state invariant from `synced` [B], the
     number of leading slots known to be current."""
-
-  def sync_calls(self, context: DraftContext, synced: jax.Array) -> jax.Array:
-    """[] int32: how many calls `sync` makes from `synced` (0: nothing to catch up).
-    `"auto"` prices a drafting round after plain ones with it."""
 
 
 @runtime_checkable

@@ -101,8 +101,9 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
 def catch_up_fee(drafter, state: AutoState):
   """[] f32 what catching `drafter` up would cost before its next draft, in the unit of
   the costs; None for a drafter that never catches up. Worked out only where the
-  schedule prices the choices, not every round."""
-  if not isinstance(drafter, CatchUpDrafter):
+  schedule prices the choices, not every round. None too for one that catches up
+  without saying how many calls it makes (no `sync_calls`): it is not priced."""
+  if not isinstance(drafter, CatchUpDrafter) or not hasattr(drafter, "sync_calls"):
     return None
   s, sched = state.decode, state.schedule
   context = DraftContext(tokens=s.tokens, lengths=s.lengths)
