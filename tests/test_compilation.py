@@ -48,17 +48,13 @@ def test_the_options_change_no_output(target, close_draft):
   """The same greedy tokens with and without the options, plain and speculative."""
   prompts = [[1, 2, 3, 4, 5]]
   outs = {}
-  for name in ("_plain", "_cpu"):
-    jitted = getattr(api._program, name)
-    api._program._jitted = lambda j=jitted: j
-    try:
-      outs[name] = (np.asarray(jspec.generate(target, prompts, max_new_tokens=12).tokens),
-                    np.asarray(jspec.speculative_generate(target, close_draft, prompts,
-                                                          num_draft_tokens=3,
-                                                          max_new_tokens=12).tokens))
-    finally:
-      del api._program._jitted
-  for a, b in zip(outs["_plain"], outs["_cpu"]):
+  for options in (False, True):
+    with api._program.using(options):
+      outs[options] = (np.asarray(jspec.generate(target, prompts, max_new_tokens=12).tokens),
+                       np.asarray(jspec.speculative_generate(target, close_draft, prompts,
+                                                             num_draft_tokens=3,
+                                                             max_new_tokens=12).tokens))
+  for a, b in zip(outs[False], outs[True]):
     np.testing.assert_array_equal(a, b)
 
 

@@ -24,6 +24,7 @@ Other backends get plain jax.jit, since the option is XLA CPU's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -63,10 +64,23 @@ class Program:
   def __init__(self, fn, **jit_kwargs):
     self._plain = jax.jit(fn, **jit_kwargs)
     self._cpu = jax.jit(fn, compiler_options=CPU_OPTIONS, **jit_kwargs)
+    self._forced = None
     functools.update_wrapper(self, fn)
 
   def _jitted(self):
+    if self._forced is not None:
+      return self._forced
     return self._cpu if jax.default_backend() == "cpu" else self._plain
+
+  @contextlib.contextmanager
+  def using(self, cpu_options: bool):
+    """Calls made inside run the build with (True) or without (False) CPU_OPTIONS,
+    whatever the backend: for timing the two side by side, and for tests."""
+    self._forced = self._cpu if cpu_options else self._plain
+    try:
+      yield
+    finally:
+      self._forced = None
 
   def __call__(self, *args, **kwargs):
     return self._jitted()(*args, **kwargs)

@@ -105,17 +105,13 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
   prompts = bench_real.default_prompts(model, 1)
   P, S = real_sections._shapes(prompts, s)
   calls = [real_sections._jspec(model, [ids], P, S, s) for _, ids in prompts]
-  program = api._program
-  variants = {"without": program._plain, "with CPU_OPTIONS": program._cpu}
+  variants = {"without": False, "with CPU_OPTIONS": True}
 
-  def run_all(jitted):
-    program._jitted = lambda: jitted  # this instance only; removed below
-    try:
+  def run_all(cpu_options: bool):
+    with api._program.using(cpu_options):
       return [np.asarray(call().tokens) for call in calls]
-    finally:
-      del program._jitted
 
-  answers = {name: run_all(j) for name, j in variants.items()}  # compiles both
+  answers = {name: run_all(v) for name, v in variants.items()}  # compiles both
   same = all(np.array_equal(a, b) for a, b in zip(*answers.values()))
   tokens = sum(int((a >= 0).sum()) for a in answers["without"])
   times = {name: [] for name in variants}
