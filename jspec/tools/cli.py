@@ -114,7 +114,7 @@ def measure(args) -> int:
 def profile(args) -> int:
   """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
   import jspec
-  from jspec.core import api
+  from jspec.core import api, cost_model
   from jspec.tools import bench_real
   from jspec.tools import profile as P
 
@@ -129,7 +129,7 @@ def profile(args) -> int:
   sampled = args.temperature > 0
   auto = P.profile_auto(target, drafter, args.batch_size, S, auto=auto, greedy=not sampled,
                         filtered=sampled and args.filtered, cache_dir=args.cache_dir)
-  where = P.cache_path(args.cache_dir)
+  where = cost_model.cache_path(args.cache_dir)
   print(f"round costs at batch {args.batch_size}, cache {S}, "
         f"{'sampled' if sampled else 'greedy'}: "
         + ", ".join(f"K={k} {c * 1e3:.2f} ms" for k, c in zip(auto.choices, auto.costs)))
