@@ -457,14 +457,15 @@ def main(argv=None) -> int:
   parser.add_argument("--work", default=os.path.join(".recipe", "eagle"),
                       help="tokenised stream cache and training state (resumable)")
   parser.add_argument("--steps", type=int, default=defaults.steps)
-  parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+  parser.add_argument("--batch-size", "--batch", type=int, default=defaults.batch_size)
   parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
   parser.add_argument("--lr", type=float, default=defaults.learning_rate)
   parser.add_argument("--warmup", type=int, default=defaults.warmup_steps)
   parser.add_argument("--noise", type=float, default=defaults.feature_noise)
   parser.add_argument("--seed", type=int, default=defaults.seed)
   parser.add_argument("--eval-every", type=int, default=0)
-  parser.add_argument("--store-dtype", default="bfloat16", help="dtype of the saved params")
+  parser.add_argument("--store-dtype", "--stored-dtype", dest="store_dtype", default="bfloat16",
+                      help="dtype of the saved params")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
   command = "python -m jspec.models.train_eagle " + " ".join(

@@ -385,7 +385,7 @@ def main(argv=None) -> int:
   parser.add_argument("--work", default=".recipe/medusa",
                       help="token cache and training state (resumed when rerun)")
   parser.add_argument("--steps", type=int, default=STEPS)
-  parser.add_argument("--batch", type=int, default=BATCH)
+  parser.add_argument("--batch-size", "--batch", dest="batch", type=int, default=BATCH)
   parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
   parser.add_argument("--lr", type=float, default=LEARNING_RATE)
   parser.add_argument("--warmup", type=int, default=WARMUP)
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
   parser.add_argument("--checkpoint-every", type=int, default=100)
   parser.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS)
   parser.add_argument("--top-k", type=int, default=TOP_K)
-  parser.add_argument("--stored-dtype", default="bfloat16",
+  parser.add_argument("--store-dtype", "--stored-dtype", dest="stored_dtype", default="bfloat16",
                       help="dtype of the saved heads (loaded as float32)")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)

@@ -74,16 +74,3 @@ def test_missing_checkpoints_are_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="no shipped checkpoints"):
     shipped.checkpoints_dir(str(tmp_path))
 
-
-def test_profile_cli_saves_round_costs_that_auto_reads(tmp_path, capsys):
-  from jspec.core import cost_model
-  from jspec.tools import cli
-
-  assert cli.main(["profile", "--drafter", "ngram", "--prompt-length", "16",
-                   "--max-new-tokens", "16", "--cache-dir", str(tmp_path)]) == 0
-  out = capsys.readouterr().out
-  assert "K=0" in out and str(tmp_path) in out
-  saved = json.load(open(cost_model.cache_path(str(tmp_path))))
-  (costs_by_k,) = saved.values()  # one key: these models and shapes
-  assert {int(k) for k in costs_by_k} >= {0, 1}
-  assert all(float(c) > 0 for c in costs_by_k.values())

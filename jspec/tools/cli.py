@@ -111,6 +111,13 @@ def measure(args) -> int:
   return 0
 
 
+def chat(args) -> int:
+  """Chat in the terminal (jspec/tools/chat.py)."""
+  from jspec.tools import chat as chat_lib
+
+  return chat_lib.chat(args)
+
+
 def profile(args) -> int:
   """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
   import jspec
@@ -273,7 +280,7 @@ def main(argv=None) -> int:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--system", default=None, help="a system message opening the conversation")
   p.add_argument("--cache-dir", default=None, help="compiled programs")
-  p.set_defaults(func=lambda args: __import__("jspec.tools.chat").chat.chat(args))
+  p.set_defaults(func=chat)
   p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
   p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
   p.add_argument("--drafter", default=None,
