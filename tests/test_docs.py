@@ -51,6 +51,7 @@ MODULES = (
     "jspec.tools.bench_lookahead",
     "jspec.tools.bench_heads_real",
     "jspec.tools.bench_flags",
+    "jspec.tools.breakdown",
     "jspec.core.sampling",
     "jspec.core.sharding",
     "jspec.io.text",

@@ -1,0 +1,198 @@
+"""Where a cached model call spends its time, kernel by kernel, at each block size.
+
+On an accelerator a verify of a few tokens costs about one step; on a CPU it can cost two
+(docs/benchmarks.md). This tool says which part of the call grows: it compiles the
+model's cached call on T tokens per row exactly as the decode loop runs it
+(`call_times.looped`), runs it under the JAX profiler, and sums the device time of every
+kernel by what it computes. Products are named by the weight matrix they read, so the
+q/k/v, attention-output, MLP and output-head products of every layer fall into one group
+each; the attention's own products over the cache, and everything else, are two more
+groups.
+
+    python -m jspec.tools.breakdown --target smollm2 --blocks 1,5
+
+prints, per group, the kernels per call, the milliseconds per call at each block and the
+ratio of the largest block to one token. Kernel times are the profiler's, so their sum
+sits a little under the call's wall time (the gaps between kernels are not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import math
+import re
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+from jspec.core import call_times
+
+# One instruction of the compiled program's text: name, output shape, opcode, operands.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]\S* ([\w\-]+)\((.*?)\)")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
+
+
+def kernel_groups(hlo_text: str, cache_length: int) -> dict[str, str]:
+  """Instruction name -> group label for the products of a compiled program's text.
+
+  A product is a `dot`, or a fusion whose computation holds one. One that contracts
+  batched operands, or whose largest operand spans the cache's `cache_length` slots, is
+  "attention products" (scores and values over the cache); any other is named by its
+  largest operand, the weight matrix it reads: "weights 576x3072". Names not returned
+  are the other kernels (norms, softmax, cache writes, ...).
+  """
+  shapes, bodies, current = {}, collections.defaultdict(list), None
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace():
+      c = _COMPUTATION.match(line)
+      current = c.group(1) if c else current
+    m = _INSTRUCTION.match(line)
+    if m:
+      shapes[m.group(1)] = tuple(int(d) for d in m.group(2).split(",") if d)
+      bodies[current].append(line)
+
+  def batched_dot(lines):
+    return any(" dot(" in l and "lhs_batch_dims" in l for l in lines)
+
+  groups = {}
+  for line in hlo_text.splitlines():
+    m = _INSTRUCTION.match(line)
+    if not m or m.group(3) not in ("dot", "fusion"):
+      continue
+    name, _, opcode, operands = m.groups()
+    called = _CALLS.search(line)
+    body = bodies.get(called.group(1), []) if called else []
+    if opcode == "fusion" and not any(" dot(" in l for l in body):
+      continue
+    sizes = [shapes.get(o, ()) for o in re.findall(r"%([\w.\-]+)", operands)]
+    largest = max(sizes, key=lambda d: math.prod(d) if d else 0, default=())
+    if batched_dot([line] + body) or cache_length in largest:
+      groups[name] = "attention products"
+    else:
+      groups[name] = "weights " + "x".join(str(d) for d in largest if d > 1)
+  return groups
+
+
+def _kernel_times(trace_dir: str) -> collections.Counter:
+  """Microseconds per kernel name, summed over a perfetto trace written by jax.profiler."""
+  (path,) = glob.glob(trace_dir + "/**/*.trace.json.gz", recursive=True)
+  with gzip.open(path) as f:
+    events = json.load(f)["traceEvents"]
+  total = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and "dur" in e:
+      total[e["name"]] += e["dur"]
+  return total
+
+
+def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
+              prefix: int = call_times.PREFIX) -> dict:
+  """{"groups": {label: {"kernels": n, "ms": {T: ms per call}}}, "wall_ms": {T: ms}} for the
+  cached call of `model` on each block of T tokens per row, `calls` calls in one traced run
+  (after a warm-up run), as `call_times.loop_times` times it."""
+  model = model.prepared()
+  vocab = model.vocab_size
+
+  def call(model, carry, i):
+    cache, block, start = carry
+    logits, _, cache = model.apply((block + i) % vocab, cache, start)
+    return (cache, block, start), jnp.argmax(logits, axis=-1)
+
+  run = call_times.looped(call)
+  out = {"groups": {}, "wall_ms": {}}
+  for T in sorted({int(b) for b in blocks}):
+    start = jnp.full((batch,), max(min(prefix, cache_length - T), 0), jnp.int32)
+    carry = (model.init_cache(batch, cache_length), jnp.ones((batch, T), jnp.int32), start)
+    text = run.lower(model, carry, calls).compile().as_text()
+    groups = kernel_groups(text, cache_length)
+    # Kernels are the names the program defines; the rest of the trace is the runtime's.
+    # (a loop or call spans the kernels inside it, so it is not one)
+    kernels = {m.group(1) for m in map(_INSTRUCTION.match, text.splitlines())
+               if m and m.group(3) not in ("while", "conditional", "call")}
+    carry, acc = run(model, carry, calls)  # compile and warm up
+    jax.block_until_ready(acc)
+    with tempfile.TemporaryDirectory() as tmp:
+      with jax.profiler.trace(tmp, create_perfetto_trace=True):
+        carry, acc = run(model, carry, calls)
+        jax.block_until_ready(acc)
+      times = _kernel_times(tmp)
+    per_group = collections.Counter()
+    counts = collections.Counter()
+    for name, us in times.items():
+      if name in kernels:
+        label = groups.get(name, "other kernels")
+        per_group[label] += us / calls / 1e3
+        counts[label] += 1
+    for label, ms in per_group.items():
+      entry = out["groups"].setdefault(label, {"kernels": counts[label], "ms": {}})
+      entry["ms"][T] = ms
+    out["wall_ms"][T] = 1e3 * min(call_times.loop_times(model, batch, (T,), cache_length,
+                                                        repeats=3, prefix=prefix)[T])
+  return out
+
+
+def format_table(report: dict) -> str:
+  """`breakdown`'s report as a text table: one row per group, largest first, then the sum of
+  the kernels and the whole call's wall time, with the ratio of the largest block to the
+  smallest."""
+  blocks = sorted(report["wall_ms"])
+  lo, hi = blocks[0], blocks[-1]
+  head = ["group", "kernels"] + [f"T={T}, ms" for T in blocks] + [f"T={hi} / T={lo}"]
+  rows = []
+  order = sorted(report["groups"].items(), key=lambda kv: -max(kv[1]["ms"].values()))
+  for label, g in order:
+    ms = [g["ms"].get(T, 0.0) for T in blocks]
+    ratio = f"{ms[-1] / ms[0]:.2f}x" if ms[0] > 0 else "-"
+    rows.append([label, str(g["kernels"])] + [f"{x:.2f}" for x in ms] + [ratio])
+  sums = [sum(g["ms"].get(T, 0.0) for g in report["groups"].values()) for T in blocks]
+  rows.append(["all kernels", ""] + [f"{x:.2f}" for x in sums] + [f"{sums[-1] / sums[0]:.2f}x"])
+  wall = [report["wall_ms"][T] for T in blocks]
+  rows.append(["whole call, in loop", ""] + [f"{x:.2f}" for x in wall]
+              + [f"{wall[-1] / wall[0]:.2f}x"])
+  widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+  line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths)))
+  return "\n".join([line(head)] + [line(r) for r in rows])
+
+
+def main(argv=None) -> int:
+  """`python -m jspec.tools.breakdown`: load the target, print the table (module docstring)."""
+  import jspec
+  from jspec.tools import bench_real
+
+  parser = argparse.ArgumentParser(prog="python -m jspec.tools.breakdown",
+                                   description=__doc__.split("\n\n")[0])
+  parser.add_argument("--target", default="smollm2",
+                      help="'smollm2', a GGUF file or a checkpoint folder")
+  parser.add_argument("--blocks", default="1,5", help="tokens per row of each timed call")
+  parser.add_argument("--batch-size", type=int, default=1)
+  parser.add_argument("--cache-length", type=int, default=384)
+  parser.add_argument("--calls", type=int, default=10, help="calls in the traced run")
+  parser.add_argument("--json", default=None, help="write the report here")
+  args = parser.parse_args(argv)
+  blocks = [int(b) for b in args.blocks.split(",") if b.strip()]
+  if not blocks or min(blocks) < 1 or max(blocks) > args.cache_length:
+    parser.error(f"--blocks must lie in [1, cache length {args.cache_length}], got {args.blocks}")
+  import os
+
+  path = args.target if os.path.isdir(args.target) else bench_real.resolve(args.target)
+  model = jspec.load(path, dtype="float32")
+  report = breakdown(model, args.batch_size, blocks, args.cache_length, calls=args.calls)
+  print(f"{args.target}, batch {args.batch_size}, cache {args.cache_length}, "
+        f"{jax.default_backend()}: device time per cached call, by kernel group")
+  print(format_table(report))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
