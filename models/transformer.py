@@ -36,21 +36,17 @@ scan slices each layer's weights out of the stacked arrays on every step, and
 XLA CPU copies those slices: 12.6 MB per step for the shipped 5.3M-parameter
 target, which made a batch-1 step about 1.7x slower.
 
-The decoding form also stores the MLP's matrices output-major, input axis minor
-(w_down [D, F]; gate and up fused as w_gate_up [2F, D]), and q, k, v fused as one
-wqkv [D, (H + 2 Hkv) Dh] (biases likewise); the cut copies each layer once anyway,
-so transposes and concatenations ride on that copy. Both help XLA CPU at the
-shapes decoding runs:
-  * a few rows times an [out, in] matrix run markedly faster than times an
-    [in, out] one, and a verify block is a few rows: on SmolLM2-135M a 5-token
-    verify took 1.42-1.46x a 1-token step with output-major MLP weights against
-    1.78-1.81x without (`jspec bench --target smollm2 --sections verify`, two
-    alternating runs each);
-  * one product where there were three (q, k, v) or two (gate, up): on
-    SmolLM2-135M's shapes, 30 layers at one row took 16-18 ms fused against
-    25-26 ms apart (two interleaved runs, medians of 20 calls).
-Written [H, Dh, D], the attention projections made XLA CPU emit a loop ten times
-slower than the matrix product, so wqkv keeps the input axis major.
+The decoding form also fuses q, k, v into one wqkv [D, (H + 2 Hkv) Dh] and gate,
+up into one w_gate_up [D, 2F] (biases likewise); the cut copies each layer once
+anyway, so the concatenations ride on that copy. One product where there were three
+(q, k, v) or two (gate, up): on SmolLM2-135M's shapes, 30 layers at one row took
+16-18 ms fused against 25-26 ms apart (two interleaved runs, medians of 20 calls).
+Every matrix keeps its input axis major, as stored. Which layout XLA CPU multiplies
+fastest depends on the machine and on the rows: with output-major MLP matrices
+([out, in]) a 5-token SmolLM2-135M call cost 2.04-2.10x a 1-token one on an AMD EPYC
+against 1.63-1.75x input-major, at the same 1-token time (four layouts compiled in
+one process and timed in turns, twice; docs/benchmarks.md). And written [H, Dh, D],
+the attention projections made XLA CPU emit a loop ten times slower than the product.
 
 Cache: one K and one V buffer per layer ({"k": [L arrays], "v": [L arrays]}), in the
 axis order of the config's `kv_layout` (`jspec.core.nn.KVLayout`), by default chosen
@@ -241,7 +237,7 @@ def init_cache(config: TransformerConfig, batch: int, length: int, dtype=jnp.flo
 
 
 def unstack(config: TransformerConfig, params: dict) -> dict:
-  """Params with `layers` as a list of L per-layer dicts, matrices output-major (the
+  """Params with `layers` as a list of L per-layer dicts, q/k/v and gate/up fused (the
   decoding form; module docstring).
 
   `apply` accepts either form; already-unstacked params come back unchanged.
@@ -250,32 +246,23 @@ def unstack(config: TransformerConfig, params: dict) -> dict:
     return params
   L = config.num_hidden_layers
 
-  def cut(path, a, i):
-    a = a[i]
-    n = _INPUT_AXES.get(path[-1].key, 0)  # leading input axes, moved minor
-    return a.transpose(tuple(range(n, a.ndim)) + tuple(range(n))) if n else a
-
   def fuse(w):
-    """q, k, v as one [D, (H + 2 Hkv) Dh] matrix; gate and up as one [2F, D]."""
+    """q, k, v as one [D, (H + 2 Hkv) Dh] matrix; gate and up as one [D, 2F]."""
     w = dict(w)
     D = w["wq"].shape[0]
     w["wqkv"] = jnp.concatenate([w.pop(n).reshape(D, -1) for n in ("wq", "wk", "wv")], axis=1)
     if "bq" in w:
       w["bqkv"] = jnp.concatenate([w.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
     if "w_gate" in w:
-      w["w_gate_up"] = jnp.concatenate([w.pop("w_gate"), w.pop("w_up")], axis=0)
+      w["w_gate_up"] = jnp.concatenate([w.pop("w_gate"), w.pop("w_up")], axis=1)
       if "b_gate" in w:
         w["b_gate_up"] = jnp.concatenate([w.pop("b_gate"), w.pop("b_up")])
     return w
 
   out = dict(params)
-  out["layers"] = [fuse(jax.tree_util.tree_map_with_path(lambda p, a, i=i: cut(p, a, i),
-                                                         params["layers"])) for i in range(L)]
+  out["layers"] = [fuse(jax.tree_util.tree_map(lambda a, i=i: a[i], params["layers"]))
+                   for i in range(L)]
   return out
-
-
-# How many leading axes of each per-layer matrix are its input (contracted) axes.
-_INPUT_AXES = {"w_gate": 1, "w_up": 1, "w_down": 1}
 
 
 def _qkv(h, w, c):
@@ -368,9 +355,8 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   scale = (c.query_pre_attn_scalar if c.query_pre_attn_scalar else c.head_dim) ** -0.5
   norm = functools.partial(c.norm, eps=c.rms_norm_eps)
 
-  def layer(x, w, layer_cache, window, out_major: bool):
-    """One decoder layer; layer_cache {"k", "v"} of this layer or None; out_major: w
-    in the decoding form (`unstack`)."""
+  def layer(x, w, layer_cache, window):
+    """One decoder layer; layer_cache {"k", "v"} of this layer or None."""
     with jax.named_scope("attention"):
       h = norm(x, w["attn_norm"])
       q, k, v = _qkv(h, w, c)
@@ -399,8 +385,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         out = norm(out, w["post_attn_norm"])
       x = x + out
     with jax.named_scope("mlp"):
-      dense = layers.dense_out_major if out_major else layers.dense_in_major
-      out = c.mlp(norm(x, w["mlp_norm"]), w, dense)
+      out = c.mlp(norm(x, w["mlp_norm"]), w)
       if c.post_norms:
         out = norm(out, w["post_mlp_norm"])
       x = x + out
@@ -411,7 +396,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     # Training and full-sequence passes: one scan, compile time independent of depth.
     def scanned(x, inputs):
       w, window = inputs
-      x = layer(x, w, None, window, False)[0]
+      x = layer(x, w, None, window)[0]
       return x, (x if c.feature_layers else None)
 
     windows = jnp.asarray(c.windows(), jnp.int32)
@@ -423,7 +408,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
     new_k, new_v, features = [], [], []
     for i, window in enumerate(c.windows()):
       layer_cache = None if cache is None else {"k": cache["k"][i], "v": cache["v"][i]}
-      x, layer_cache = layer(x, per_layer[i], layer_cache, window, True)
+      x, layer_cache = layer(x, per_layer[i], layer_cache, window)
       features += [x] * c.feature_layers.count(i)
       if layer_cache is not None:
         new_k.append(layer_cache["k"])

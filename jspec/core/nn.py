@@ -164,10 +164,10 @@ class GatedMLP(_MLP):
   kind: str = dataclasses.field(default="gated", init=False)
   INPUTS: ClassVar[tuple[str, ...]] = ("w_gate", "w_up")
 
-  def __call__(self, h, w, dense=None):
-    """`dense(x, w, b)`: `dense_in_major` for [in, out] weights (the default), or
-    `dense_out_major` for the decoding form's [out, in]."""
-    dense = dense or dense_in_major
+  def __call__(self, h, w):
+    """h [B, T, D] -> [B, T, D]; w holds [in, out] matrices (w_gate_up [D, 2F] in the
+    decoding form)."""
+    dense = dense_in_major
     act = ACTIVATIONS[self.activation]
     if "w_gate_up" in w:  # the decoding form: one product, then split (transformer.unstack)
       gate, up = jnp.split(dense(h, w["w_gate_up"], w.get("b_gate_up")), 2, axis=-1)
@@ -185,9 +185,9 @@ class DenseMLP(_MLP):
   kind: str = dataclasses.field(default="dense", init=False)
   INPUTS: ClassVar[tuple[str, ...]] = ("w_up",)
 
-  def __call__(self, h, w, dense=None):
-    """`dense` as for `GatedMLP`."""
-    dense = dense or dense_in_major
+  def __call__(self, h, w):
+    """h [B, T, D] -> [B, T, D]; w holds [in, out] matrices."""
+    dense = dense_in_major
     act = ACTIVATIONS[self.activation]
     return dense(act(dense(h, w["w_up"], w.get("b_up"))), w["w_down"], w.get("b_down"))
 
@@ -202,11 +202,6 @@ def dense_in_major(x, w, b=None):
   y = jnp.einsum("btd,df->btf", x, w)
   return y if b is None else y + b[None, None, :]
 
-
-def dense_out_major(x, w, b=None):
-  """x [B, T, Din] times w stored [Dout, Din] (the decoding form, see transformer.unstack)."""
-  y = jnp.einsum("btd,fd->btf", x, w)
-  return y if b is None else y + b[None, None, :]
 
 
 # ----------------------------------------------------------------------------- attention
