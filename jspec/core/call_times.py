@@ -46,7 +46,8 @@ from jax import lax
 
 from jspec.core import compilation, cost_model
 
-VERSION = 3  # part of the cache key: bump when what is timed changes (3: CPU_OPTIONS)
+VERSION = 4  # part of the cache key: bump when what is timed changes (3: CPU_OPTIONS; 4:
+# input-major MLP matrices in the decoding form)
 # A timed turn runs at least this long and this many calls: each run of a program pays
 # a fixed cost that the decode loop does not (on the shipped 5M target at batch 64,
 # about 5 ms: a call timed two to a run cost 11.6 ms, eight to a run 9.2 ms).
