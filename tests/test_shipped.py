@@ -73,4 +73,3 @@ def test_generate_cli_completes_text(capsys):
 def test_missing_checkpoints_are_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="no shipped checkpoints"):
     shipped.checkpoints_dir(str(tmp_path))
-
