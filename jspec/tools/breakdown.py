@@ -97,7 +97,8 @@ def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
               prefix: int = call_times.PREFIX) -> dict:
   """{"groups": {label: {"kernels": n, "ms": {T: ms per call}}}, "wall_ms": {T: ms}} for the
   cached call of `model` on each block of T tokens per row, `calls` calls in one traced run
-  (after a warm-up run), as `call_times.loop_times` times it."""
+  (after a warm-up run); the wall time as `call_times.loop_times` takes it, on the same
+  compiled program."""
   model = model.prepared()
   vocab = model.vocab_size
 
@@ -111,17 +112,19 @@ def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
   for T in sorted({int(b) for b in blocks}):
     start = jnp.full((batch,), max(min(prefix, cache_length - T), 0), jnp.int32)
     carry = (model.init_cache(batch, cache_length), jnp.ones((batch, T), jnp.int32), start)
-    text = run.lower(model, carry, calls).compile().as_text()
+    # One compile serves the kernel names, the traced run and the untraced timing.
+    compiled = run.lower(model, carry, calls).compile()
+    text = compiled.as_text()
     groups = kernel_groups(text, cache_length)
     # Kernels are the names the program defines; the rest of the trace is the runtime's.
     # (a loop or call spans the kernels inside it, so it is not one)
     kernels = {m.group(1) for m in map(_INSTRUCTION.match, text.splitlines())
                if m and m.group(3) not in ("while", "conditional", "call")}
-    carry, acc = run(model, carry, calls)  # compile and warm up
+    carry, acc = compiled(model, carry, calls)  # warm up
     jax.block_until_ready(acc)
     with tempfile.TemporaryDirectory() as tmp:
       with jax.profiler.trace(tmp, create_perfetto_trace=True):
-        carry, acc = run(model, carry, calls)
+        carry, acc = compiled(model, carry, calls)
         jax.block_until_ready(acc)
       times = _kernel_times(tmp)
     per_group = collections.Counter()
@@ -134,8 +137,8 @@ def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
     for label, ms in per_group.items():
       entry = out["groups"].setdefault(label, {"kernels": counts[label], "ms": {}})
       entry["ms"][T] = ms
-    out["wall_ms"][T] = 1e3 * min(call_times.loop_times(model, batch, (T,), cache_length,
-                                                        repeats=3, prefix=prefix)[T])
+    wall = call_times.in_turns({T: compiled}, model, {T: carry}, None, repeats=3)[T]
+    out["wall_ms"][T] = 1e3 * min(wall)
   return out
 
 
