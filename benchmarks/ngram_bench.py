@@ -5,7 +5,7 @@
     python benchmarks/ngram_bench.py --random                       # random init: smoke only
 
 Two prompt sets, built per row from held-out Python files of the standard library
-(the shipped target never trained on them; see models/corpus.py):
+(the shipped target never trained on them; see jspec/training/corpus.py):
 
   restating   a file's tokens, a separator, then the same tokens again cut in
               half: a model that copies continues the second copy, which the
@@ -43,14 +43,14 @@ from jspec.tools import costs
 from jspec.core.drafter import DraftContext
 from jspec.drafters.ngram import NGram
 
-CACHE_BUCKET = 128  # as jspec.core.api: the program's cache length for the matcher timing
+CACHE_BUCKET = 128  # as jspec.planner.api: the program's cache length for the matcher timing
 
 
 def load_target(args) -> jspec.Model:
   if args.target:
     return jspec.load(args.target, dtype=args.dtype)
   if not args.random:
-    from jspec.models import shipped
+    from jspec.io import shipped
     args.target = os.path.join(shipped.checkpoints_dir(), shipped.TARGET)
     return jspec.load(args.target, dtype=args.dtype or "float32")
   print("WARNING: no --target given: using a RANDOM-INIT model. Acceptance, tau and speedup "
@@ -67,7 +67,7 @@ def load_target(args) -> jspec.Model:
 
 def source_files(count: int) -> list[str]:
   """`count` held-out standard-library Python files of at least 8 KB, in a fixed order."""
-  from jspec.models import corpus
+  from jspec.training import corpus
 
   root = corpus.stdlib_root()
   names = [n for n in corpus.list_files(root) if corpus.is_heldout(n)

@@ -116,7 +116,7 @@ import dataclasses
 
 import jax.numpy as jnp
 from jspec.core import sharding
-from jspec.models import shipped
+from jspec.io import shipped
 
 # Every device on the mesh's `model` axis: the target is split tensor-parallel over them
 # (one device: a 1 x 1 mesh, nothing to split), the draft is replicated on each.
@@ -392,7 +392,7 @@ speedup. DistillSpec (Zhou et al. 2023) trains the draft on the target's own out
 target's full next-token distributions, and finds this raises acceptance well beyond training on
 text.
 
-This notebook does that with jspec's optax training loop (`jspec.models.train`):
+This notebook does that with jspec's optax training loop (`jspec.training.train`):
 
 1. load a target and a starting draft, and measure greedy acceptance on evaluation prompts;
 2. let the target continue a set of training prompts (on-policy data);
@@ -421,8 +421,9 @@ import time
 import numpy as np
 from jspec.core import sharding
 from jspec.tools import costs
-from jspec.models import corpus, shipped
-from jspec.models import train as T
+from jspec.io import shipped
+from jspec.training import corpus
+from jspec.training import train as T
 
 MESH = sharding.make_mesh(data=1)  # the target split over all devices, the draft replicated
 REPLICATED = sharding.Layout(MESH, sharding.Rules())

@@ -2,7 +2,7 @@
 
 A small target is trained briefly on a synthetic phrase stream; then an NNX
 draft `jspec.models.Transformer` is distilled from it with optax on the forward
-KL (`jspec.models.train.distill_loss`). Every `eval_every` steps one jitted
+KL (`jspec.training.train.distill_loss`). Every `eval_every` steps one jitted
 eval step takes the draft's NNX state as a traced argument, rebuilds the draft
 as a `jspec.Model` inside the trace, runs speculative decoding of held-out
 prompts with the target (`jspec.core.decode.init_state` + `decode_loop`) and returns
@@ -32,7 +32,8 @@ from flax import nnx
 import jspec
 import jspec.io.nnx
 from jspec.core import decode
-from jspec.models import Transformer, TransformerConfig, corpus, train
+from jspec.models import Transformer, TransformerConfig
+from jspec.training import corpus, train
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,64 +5,69 @@ forward pass, and a vectorised rejection sampler keeps the longest acceptable
 run plus one token of the target's own. Output follows the target's
 distribution exactly; greedy output equals the target's own greedy output.
 
-The package, in layers (docs/architecture.md):
+The package, in layers (docs/architecture.md; each imports only those below it):
 
-    jspec.core      the model contract, decode state, rounds, acceptance, the loops
-    jspec.drafters  draft model, n-gram, datastore, suffix, lookahead, Medusa, EAGLE
-    jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
+    jspec.recipes   rebuilding the shipped checkpoints end to end
     jspec.tools     the command line, measurement, benchmarks, profiles
-    jspec.models    the model zoo (reference decoder, converters, training)
+    jspec.training  corpus, trainer, the decoder's and the drafters' objectives
+    jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
+    jspec.planner   the host side of a call: inputs, plan, placement, round costs
+    jspec.drafters  draft model, n-gram, datastore, suffix, lookahead, Medusa, EAGLE
+    jspec.models    the model zoo (reference decoder, Hugging Face and GGUF converters)
+    jspec.core      the model contract, decode state, rounds, acceptance, the programs
 
 The names below are what most users need; everything else lives in those packages.
+They load on first use, so `import jspec.core.decode` loads the engine alone.
 """
 
-from jspec.core.api import generate, speculative_generate
-from jspec.core.constraint import Constraint
-from jspec.core.drafter import Drafter
-from jspec.core.dynamic_tree import DynamicTree
-from jspec.core.logprobs import Logprobs
-from jspec.core.model import Model, OutputHead
-from jspec.core.sampling import SamplingParams
-from jspec.core.schedule import AutoK
-from jspec.core.tree import Tree
-from jspec.drafters.datastore import Datastore
-from jspec.drafters.draft_model import DraftModel
-from jspec.drafters.eagle import Eagle, EagleConfig
-from jspec.drafters.lookahead import Lookahead
-from jspec.drafters.medusa import Medusa
-from jspec.drafters.ngram import NGram
-from jspec.drafters.suffix import Suffix
-from jspec.io.checkpoint import load, save
-from jspec.io.text import generate_text
-from jspec.io.tokenizer import Tokenizer
+from __future__ import annotations
 
-from jspec import core, drafters, io, tools  # noqa: E402  (the layers, as namespaces)
-from jspec import models  # noqa: E402  (the model zoo, installed from models/)
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AutoK",
-    "Constraint",
-    "Datastore",
-    "DraftModel",
-    "Drafter",
-    "DynamicTree",
-    "Eagle",
-    "EagleConfig",
-    "Logprobs",
-    "Lookahead",
-    "Medusa",
-    "Model",
-    "NGram",
-    "OutputHead",
-    "SamplingParams",
-    "Suffix",
-    "Tokenizer",
-    "Tree",
-    "generate",
-    "generate_text",
-    "load",
-    "save",
-    "speculative_generate",
-]
+# name -> module that defines it
+_EXPORTS = {
+    "AutoK": "jspec.core.schedule",
+    "Constraint": "jspec.core.constraint",
+    "Datastore": "jspec.drafters.datastore",
+    "DraftModel": "jspec.drafters.draft_model",
+    "Drafter": "jspec.core.drafter",
+    "DynamicTree": "jspec.core.dynamic_tree",
+    "Eagle": "jspec.drafters.eagle",
+    "EagleConfig": "jspec.drafters.eagle",
+    "Logprobs": "jspec.core.logprobs",
+    "Lookahead": "jspec.drafters.lookahead",
+    "Medusa": "jspec.drafters.medusa",
+    "Model": "jspec.core.model",
+    "NGram": "jspec.drafters.ngram",
+    "OutputHead": "jspec.core.model",
+    "SamplingParams": "jspec.core.sampling",
+    "Suffix": "jspec.drafters.suffix",
+    "Tokenizer": "jspec.io.tokenizer",
+    "Tree": "jspec.core.tree",
+    "generate": "jspec.planner.api",
+    "generate_text": "jspec.io.text",
+    "load": "jspec.io.checkpoint",
+    "save": "jspec.io.checkpoint",
+    "speculative_generate": "jspec.planner.api",
+}
+# The layers, as namespaces (`jspec.models.TransformerConfig`, ...).
+_PACKAGES = ("core", "drafters", "models", "planner", "io", "training", "tools", "recipes")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  elif name in _PACKAGES:
+    value = importlib.import_module(f"jspec.{name}")
+  else:
+    raise AttributeError(f"module 'jspec' has no attribute {name!r}")
+  globals()[name] = value  # looked up once
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_EXPORTS) | set(_PACKAGES))

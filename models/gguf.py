@@ -14,7 +14,7 @@ What llama.cpp's converter changed, undone here:
   * `gemma2` files store RMSNorm scales as `1 + w`; the decoder's (1 + w) norm
     wants `w`.
 
-The header is parsed by `jspec.io.gguf_file`; each tensor is read with one positioned
+The header is parsed by `jspec.models.gguf_file`; each tensor is read with one positioned
 read and dequantised to f32 just before it is placed, so host memory holds the
 params placed so far and about one tensor more.
 """
@@ -57,9 +57,9 @@ class GGUFError(hf.CheckpointError):
 
 
 def open_reader(path: str):
-  """The parsed header of `path` (`jspec.io.gguf_file.GGUFFile`), with a clear error naming
+  """The parsed header of `path` (`jspec.models.gguf_file.GGUFFile`), with a clear error naming
   the file for a missing, foreign, truncated or corrupt one."""
-  from jspec.io import gguf_file
+  from jspec.models import gguf_file
 
   try:
     return gguf_file.read_header(path)
@@ -162,7 +162,7 @@ def _type_name(kind: int) -> str:
 
 def tensor_source(reader, path: str, cfg: dict) -> hf.TensorSource:
   """The file's tensors under Hugging Face names, dequantised (and un-permuted) on read."""
-  from jspec.io import gguf_file
+  from jspec.models import gguf_file
 
   kind = cfg["model_type"]
   supported = _supported_types()

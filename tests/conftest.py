@@ -185,7 +185,7 @@ def smollm2_and_shipped(name: str):
   import json
   import os
 
-  from jspec.models import shipped
+  from jspec.io import shipped
   from jspec.tools import demo
 
   path = demo.smollm2_path()
@@ -200,7 +200,7 @@ def smollm2_and_shipped(name: str):
 def assert_reproduces_chat_manifest(target, drafter, manifest: dict) -> None:
   """A shipped SmolLM2 drafter reproduces its manifest's held-out chat tau (K = 4 chain,
   greedy, batch 1) within 3% per prompt kind, with outputs equal to plain greedy."""
-  from jspec.models import recipe_eagle3
+  from jspec.recipes import smollm2_eagle3 as recipe_eagle3
   from jspec.tools import demo
 
   chosen = demo.pick(demo.chat_prompts(), 4)

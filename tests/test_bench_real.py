@@ -192,7 +192,7 @@ def test_assisted_bench_against_transformers(tmp_path, monkeypatch):
   their greedy ones, rates and ratios are finite."""
   pytest.importorskip("transformers")
   from jspec.io import draft_checkpoint
-  from jspec.models import recipe_draft
+  from jspec.recipes import smollm2_draft as recipe_draft
   from jspec.tools import bench_assisted
 
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path / "cache"))

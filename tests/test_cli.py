@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jspec.core import cost_model
+from jspec.planner import cost_model
 from jspec.tools import cli
 from test_bench_real import write_tiny_llama
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.core import api, compilation
+from jspec.core import compilation
+from jspec.planner import api
 from tests.conftest import tiny_config
 
 

@@ -1,4 +1,4 @@
-"""The prior of round costs (`jspec.core.cost_model`) and the choice of compiled K
+"""The prior of round costs (`jspec.planner.cost_model`) and the choice of compiled K
 (`jspec.core.schedule.select`): host-side arithmetic on made-up device rates."""
 
 import dataclasses
@@ -12,7 +12,7 @@ import pytest
 import jspec
 from conftest import tiny_config
 from jspec.core import schedule
-from jspec.core import call_times, cost_model
+from jspec.planner import call_times, cost_model
 from jspec.models import transformer
 
 # A CPU-like device: 20 GB/s, compute that grows slowly with rows (a 5-row product

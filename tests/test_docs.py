@@ -19,19 +19,19 @@ DOCS = ROOT / "docs"
 # docstrings, besides everything reachable from `jspec.__all__`.
 MODULES = (
     "jspec.core.acceptance",
-    "jspec.core.api",
+    "jspec.planner.api",
     "jspec.io.checkpoint",
     "jspec.tools.costs",
     "jspec.drafters.datastore",
     "jspec.core.decode",
-    "jspec.core.inputs",
+    "jspec.planner.inputs",
     "jspec.core.logprobs",
     "jspec.core.constraint",
     "jspec.core.constrained",
     "jspec.core.stats",
     "jspec.drafters.draft_model",
     "jspec.core.dynamic",
-    "jspec.core.call_times",
+    "jspec.planner.call_times",
     "jspec.drafters.eagle_tree",
     "jspec.tools.bench",
     "jspec.tools.bench_report",
@@ -57,19 +57,19 @@ MODULES = (
     "jspec.io.text",
     "jspec.io.tokenizer",
     "jspec.models",
-    "jspec.models.corpus",
+    "jspec.training.corpus",
     "jspec.models.hf",
     "jspec.core.nn",
-    "jspec.models.recipe",
-    "jspec.models.recipe_eagle3",
-    "jspec.models.recipe_draft",
-    "jspec.models.recipe_smollm2",
-    "jspec.models.train_eagle",
+    "jspec.recipes.code_pair",
+    "jspec.recipes.smollm2_eagle3",
+    "jspec.recipes.smollm2_draft",
+    "jspec.recipes.smollm2",
+    "jspec.training.train_eagle",
     "jspec.drafters.eagle",
     "jspec.drafters.eagle_head",
-    "jspec.models.shipped",
-    "jspec.models.train",
-    "jspec.models.trainer",
+    "jspec.io.shipped",
+    "jspec.training.train",
+    "jspec.training.trainer",
     "jspec.models.transformer",
 )
 
@@ -172,7 +172,7 @@ def test_docstring_check_sees_what_it_should():
   for module_name in MODULES:
     labels.update(_module_names(module_name))
   for name in ("jspec.core.decode.decode_round", "jspec.core.sharding.Layout", "jspec.models.init_params",
-               "jspec.tools.costs.ideal_speedup", "jspec.models.train.train"):
+               "jspec.tools.costs.ideal_speedup", "jspec.training.train.train"):
     assert name in labels, name
 
   @dataclasses.dataclass

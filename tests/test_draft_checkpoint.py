@@ -1,5 +1,5 @@
 """Draft models that borrow their target's embedding (`jspec.io.draft_checkpoint`) and the
-recipe that distils one (`jspec.models.recipe_draft`), on tiny targets; the shipped
+recipe that distils one (`jspec.recipes.smollm2_draft`), on tiny targets; the shipped
 SmolLM2 draft against its manifest when the real model is installed."""
 
 import json
@@ -12,8 +12,8 @@ import pytest
 
 import jspec
 from jspec.io import draft_checkpoint as DC
-from jspec.models import recipe_draft as RD
-from jspec.models import recipe_eagle3 as RE
+from jspec.recipes import smollm2_draft as RD
+from jspec.recipes import smollm2_eagle3 as RE
 from jspec.tools.chat import drafter_from_dir
 from conftest import assert_reproduces_chat_manifest, perturbed, smollm2_and_shipped, tiny_config
 
@@ -125,7 +125,7 @@ def test_distillation_lowers_kl_and_raises_engine_acceptance(tmp_path):
       **RD.init_from_target(target.params, [0, 1]), "embed": target.params["embed"]}), 0.3, 7)
   trainable = {k: draft.params[k] for k in ("layers", "final_norm")}
   held = np.arange(88, 96)
-  cfg = jspec.models.train.TrainConfig(steps=150, batch_size=8, seq_len=20, learning_rate=1e-2,
+  cfg = jspec.training.train.TrainConfig(steps=150, batch_size=8, seq_len=20, learning_rate=1e-2,
                                        warmup_steps=5)
 
   def engine_tau(params):
@@ -160,7 +160,7 @@ def test_shipped_smollm2_draft_reproduces_its_manifest():
   """checkpoints/smollm2-draft loads for SmolLM2-135M-Instruct (borrowing its embedding)
   and reproduces the held-out chat tau of its manifest (K = 4 chain, greedy, batch 1)
   within 3% per prompt kind, outputs equal to plain greedy. Skipped without the model."""
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   target, folder, manifest = smollm2_and_shipped(shipped.SMOLLM2_DRAFT)
   draft = DC.load_draft(folder, target)
@@ -170,9 +170,10 @@ def test_shipped_smollm2_draft_reproduces_its_manifest():
 
 
 def test_one_command_runs_both_recipes_on_one_work_folder(monkeypatch):
-  """`python -m jspec.models.recipe_smollm2` hands both recipes the same data settings and
+  """`python -m jspec.recipes.smollm2` hands both recipes the same data settings and
   work folder (so the data stage runs once) and writes the shipped folder names."""
-  from jspec.models import recipe_smollm2, shipped
+  from jspec.io import shipped
+  from jspec.recipes import smollm2 as recipe_smollm2
 
   calls = []
   monkeypatch.setattr(RE, "main", lambda argv: calls.append(("eagle3", argv)) or 0)

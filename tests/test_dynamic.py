@@ -18,7 +18,7 @@ import jspec
 import test_distribution as enumeration
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
 from jspec.core import dynamic, schedule
-from jspec.core import call_times, cost_model
+from jspec.planner import call_times, cost_model
 from jspec.tools import profile
 from jspec.core.drafter import DraftContext
 from jspec.drafters.draft_model import SYNC_CHUNK
@@ -221,7 +221,7 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
   def never(*args):
     raise AssertionError("a decoding call timed rounds")
 
-  S = jspec.core.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
+  S = jspec.planner.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
   drafter = jspec.DraftModel(far_draft)
   for f in (filtered, not filtered):
     profile.profile_auto(target, drafter, 1, S, greedy=False, filtered=f, calls=2, repeats=1)
@@ -244,7 +244,7 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
                                                                   far_draft):
   """Without a saved profile, "auto" prices rounds with the prior: no round is timed.
   The target's call is timed in loop once for this machine, model and shape (the
-  prior's growth with the block, `jspec.core.call_times`), the draft model's at one
+  prior's growth with the block, `jspec.planner.call_times`), the draft model's at one
   token (its step beside the target's), and read back after."""
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
 

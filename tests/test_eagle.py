@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import DraftContext, FeatureDrafter
 from jspec.core.tree import Tree
 from jspec.drafters import eagle as E
-from jspec.models import train_eagle as TE
+from jspec.training import train_eagle as TE
 from conftest import numpy_drawn_target
 
 K = 3
@@ -146,7 +146,7 @@ def reference_chain(eagle, tokens_row, hidden_row, L, k, drafts=None):
 def test_shapes_and_protocol(eagle, target, sequences):
   tokens, hidden = sequences
   rng = np.random.default_rng(1)
-  assert eagle.uses_features and eagle.vocab_size == target.vocab_size
+  assert isinstance(eagle, FeatureDrafter) and eagle.vocab_size == target.vocab_size
   L = np.array([1, 4, 7])
   state = start_state(eagle, tokens, hidden, L, rng)
   c = eagle.config
@@ -388,7 +388,7 @@ def test_greedy_equality_through_the_decode_loop(target, eagle):
 
 
 def test_shipped_head_loads_and_agrees_with_its_target():
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   here = os.path.join(shipped.checkpoints_dir(), "code-eagle")
   if not os.path.isdir(here):

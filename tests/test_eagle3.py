@@ -12,7 +12,7 @@ import jspec
 from jspec.core import nn as layers
 from jspec.core.drafter import target_for
 from jspec.drafters import eagle as E
-from jspec.models import train_eagle as TE
+from jspec.training import train_eagle as TE
 from conftest import assert_reproduces_chat_manifest, numpy_drawn_target, smollm2_and_shipped
 
 LAYERS = (0, 1, 1)  # low, middle, high of a 2-layer target (a layer may repeat)
@@ -201,7 +201,7 @@ def test_measure_cli_with_a_saved_head(tmp_path):
   equals the baseline's."""
   import json
 
-  from jspec.models import shipped
+  from jspec.io import shipped
   from jspec.tools import cli
 
   target = shipped.load(shipped.TARGET)
@@ -223,7 +223,7 @@ def test_shipped_smollm2_head_reproduces_its_manifest():
   """checkpoints/smollm2-eagle3 loads for SmolLM2-135M-Instruct and reproduces the
   held-out chat tau of its manifest (K = 4 chain, greedy, batch 1) within 3% per prompt
   kind, with outputs equal to plain greedy. Skipped without the real model."""
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   target, folder, manifest = smollm2_and_shipped(shipped.SMOLLM2_EAGLE3)
   head = E.load_eagle(folder, target)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.core import api
+from jspec.planner import api
 from conftest import tiny_config
 
 

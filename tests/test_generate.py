@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.core import api
+from jspec.planner import api
 from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
 
 

@@ -1,4 +1,4 @@
-"""Medusa heads (`jspec.drafters.medusa`) and their training (`jspec.models.train_medusa`).
+"""Medusa heads (`jspec.drafters.medusa`) and their training (`jspec.training.train_medusa`).
 
 The drafting rule is checked against a NumPy reading of the heads (h + SiLU(h W + b),
 then the target's LM head) at the newest feature h_{L-2}, picked out of feature
@@ -22,10 +22,10 @@ import pytest
 import jspec
 from conftest import assert_greedy_match, jit_apply, ragged_prompts
 from jspec.drafters import medusa
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import DraftContext, FeatureDrafter
 from jspec.core.tree import Tree
 from jspec.drafters.medusa import Medusa
-from jspec.models import train_medusa as TM
+from jspec.training import train_medusa as TM
 
 V, D = 64, 32
 
@@ -83,7 +83,7 @@ def test_propose_follows_the_heads_at_the_newest_feature(target, tied_target, ti
   model = tied_target if tied else target
   heads = random_heads(4, seed=2)
   drafter = Medusa.from_target(model, heads)
-  assert drafter.uses_features and drafter.vocab_size == V and drafter.num_heads == 4
+  assert isinstance(drafter, FeatureDrafter) and drafter.vocab_size == V and drafter.num_heads == 4
   lengths = [2, 5, 9, 16, 7]
   ctx, hidden = make_context(model, lengths, F=4, seed=3)
   propose = jax.jit(lambda d, c, params: d.propose(None, c, 3, params, None))

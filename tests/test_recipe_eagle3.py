@@ -10,9 +10,9 @@ import pytest
 
 import jspec
 from jspec.drafters import eagle as E
-from jspec.models import corpus
-from jspec.models import recipe_eagle3 as R
-from jspec.models import train_eagle as TE
+from jspec.training import corpus
+from jspec.recipes import smollm2_eagle3 as R
+from jspec.training import train_eagle as TE
 from conftest import tiny_config
 
 SOURCE = '''

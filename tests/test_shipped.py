@@ -9,7 +9,8 @@ import pytest
 
 import jspec
 from jspec.tools import costs
-from jspec.models import shipped, train
+from jspec.io import shipped
+from jspec.training import train
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from jspec.models import corpus, train
+from jspec.training import corpus, train
 
 # A stream with structure to learn: a few repeated "statements" over a vocab of 32.
 _VOCAB = 32

@@ -244,7 +244,7 @@ class _Recorder:
 
   text: jax.Array  # [S] int32 the drafts come from here
   vocab_size: int = dataclasses.field(default=64, metadata=dict(static=True))
-  uses_features = True
+  feature_layers = ()  # a FeatureDrafter over the final hidden state
 
   def init(self, tokens, prompt_lengths, cache_length, features):
     B, P = tokens.shape

@@ -1,6 +1,7 @@
 """The engine: the model contract, the decode state and round, acceptance, sampling,
-trees, the decode loops and the `generate` / `speculative_generate` entry points.
+trees, the decode loops and the compiled programs (`programs`).
 
-Nothing here imports `jspec.drafters`, `jspec.io`, `jspec.tools` or `jspec.models`
-(tests/test_layering.py); docs/architecture.md draws the layers.
+Pure and traceable: no timing, no file I/O, no state kept between calls, and no import
+of any package above it (drafters, models, planner, io, training, tools, recipes);
+tests/test_layering.py checks all three. `jspec.planner` drives it from the host.
 """

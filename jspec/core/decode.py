@@ -48,6 +48,7 @@ from jspec.core import acceptance, constrained, prefill, sampling, sharding, str
 from jspec.core import logprobs as logprobs_lib, stats as stats_lib, tree as tree_lib
 from jspec.core.stats import DecodeStats
 from jspec.core.drafter import DraftContext, target_for, uses_features
+from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import Tree
@@ -63,7 +64,9 @@ class DecodeConfig:
   # Verify a draft tree of N nodes instead of a chain: a static `Tree`, or a
   # `DynamicTree` budget that the drafter fills per row each round (EAGLE-2).
   tree: Tree | DynamicTree | None = None
-  stream: bool = False  # send committed tokens to the host after every round (streaming.py)
+  # A host function that gets the committed tokens after every round (`streaming.emit`);
+  # None: no callback. Static: a program is shared by every call that streams to it.
+  stream: streaming.Callback | None = None
   logprobs: logprobs_lib.Logprobs | None = None  # record emitted tokens' log-probabilities
   # A BranchDrafter's side branch (lookahead): M more nodes in each verify call, computed
   # for the drafter only (`tree.with_side`). Needs a tree.
@@ -79,9 +82,15 @@ class DecodeConfig:
   @property
   def block_width(self) -> int:
     """Tokens per verify call: K + 1 for a chain, N for a tree (+ M side nodes)."""
-    if self.tree is None:
-      return self.num_draft_tokens + 1
-    return self.tree.num_nodes + (0 if self.side is None else self.side.num_nodes - 1)
+    return block_width(self.num_draft_tokens, self.tree, self.side)
+
+
+def block_width(num_draft_tokens: int, tree=None, side=None) -> int:
+  """Tokens per verify call of a config with these fields (`DecodeConfig.block_width`):
+  the slots a row needs past its last committed token."""
+  if tree is None:
+    return num_draft_tokens + 1
+  return tree.num_nodes + (0 if side is None else side.num_nodes - 1)
 
 
 @jax.tree_util.register_dataclass
@@ -131,7 +140,8 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   B, P = tokens.shape
   S = config.cache_length
   K = config.num_draft_tokens
-  target, drafter = target_for(prepared(target), drafter), prepared(drafter)
+  target, drafter = prepared(target, drafter)
+  target = target_for(target, drafter)
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
@@ -178,10 +188,11 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   )
 
 
-def prepared(obj):
-  """A model or drafter with params in decoding form (`Model.prepared`); others as
-  they are. Call it inside the jitted program, before the loop."""
-  return obj.prepared() if hasattr(obj, "prepared") else obj
+def prepared(target: Model, drafter):
+  """The target in decoding form (`Model.prepared`) and the drafter as well
+  (`ModelDrafter.prepared`; any other as it is). Call it inside the jitted program,
+  before the loop."""
+  return target.prepared(), prepared_drafter(drafter)
 
 
 @jax.tree_util.register_dataclass
@@ -376,14 +387,18 @@ def _commit(state: DecodeState, n, emitted, K: int, records=None):
                              logprobs=logprob_buffers, constraint=rows), count
 
 
-def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig) -> DecodeState:
-  """Run rounds in one `lax.while_loop` until every row is done."""
-  target, drafter = prepared(target), prepared(drafter)
+def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig,
+                channel=None) -> DecodeState:
+  """Run rounds in one `lax.while_loop` until every row is done.
+
+  channel: [] int32, what `config.stream` is told with each round's tokens (which
+  call they belong to); used only with a `config.stream`."""
+  target, drafter = prepared(target, drafter)
 
   def body(s):
     s, _ = decode_round(target, drafter, s, config)
-    if config.stream:
-      streaming.emit(s.tokens, s.lengths, s.prompt_lengths)
+    if config.stream is not None:
+      streaming.emit(config.stream, channel, s.tokens, s.lengths, s.prompt_lengths)
     return s
 
   return lax.while_loop(lambda s: jnp.any(~s.done), body, state)

@@ -18,16 +18,18 @@ A drafter is a pytree (its params are leaves, its settings static) with:
         since acceptance then needs no [B, K, V] array. With params None the
         loop accepts by argmax and ignores q.
 
-Optional abilities, each an explicit protocol below (`isinstance` tells the loop
-which a drafter has; nothing else is probed):
+Optional abilities, each an explicit protocol below. A drafter declares an ability by
+having its members; the loop and the planner tell them apart with `isinstance` on
+these protocols and probe nothing else, so a user's drafter gets exactly the
+treatment of jspec's own:
 
-    FeatureDrafter: uses_features = True (class attribute)
-        the drafter reads the target's final hidden states (Medusa, EAGLE):
-        `init` takes a fourth argument, the prefill's hidden states [B, P-1, D],
-        and every `DraftContext` carries `features` / `feature_start`. A feature
-        drafter with `feature_layers` (a non-empty tuple: EAGLE-3) reads the outputs
-        of those target layers instead, concatenated ([B, P-1, len * D]), through
-        the model contract's `features_fn` (`target_for`).
+    FeatureDrafter: feature_layers: tuple[int, ...]
+        the drafter reads the target's hidden states (Medusa, EAGLE): `init` takes a
+        fourth argument, the prefill's hidden states [B, P-1, D], and every
+        `DraftContext` carries `features` / `feature_start`. `()` reads the final
+        hidden state; a non-empty tuple (EAGLE-3) reads the outputs of those target
+        layers, concatenated ([B, P-1, len * D]), through the model contract's
+        `features_fn` (`target_for`).
     TreeDrafter: propose_tree(state, context, tree, params, keys) -> (candidates, state)
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
@@ -40,11 +42,20 @@ which a drafter has; nothing else is probed):
         a stateless drafter that knows how many of its drafts it really proposes
         (count [B] int32; n-gram and datastore lookup: 0 when nothing matches).
         `num_draft_tokens="auto"` then never drafts more than the count of the
-        row furthest behind (`jspec.core.dynamic`).
+        row furthest behind (`jspec.core.dynamic`). With a fixed K the drafts past
+        the count are placeholders that are verified, and rejected, like any draft.
+    ModelDrafter: models() -> tuple[Model, ...]; with_models(models) -> drafter;
+        prepared() -> drafter
+        a drafter that runs models of its own (a draft model): the planner places
+        them on the mesh, keeps their decoding form and prices their calls through
+        `models` / `with_models`; the programs call `prepared` once, before the loop.
     CatchUpDrafter: sync(state, context, synced) -> state
         a drafter with state (a draft model's KV cache) that rounds without drafting
-        leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`);
-        with sync_calls(context, synced) as well, `"auto"` prices that catch-up.
+        leave behind: `"auto"` calls it before a drafting round (`jspec.core.dynamic`).
+    PricedCatchUpDrafter: a CatchUpDrafter with sync_calls(context, synced) -> []
+        int32 and sync_block: int, how many calls `sync` makes and the tokens each
+        call feeds: `"auto"` then prices the catch-up. A drafter with `sync` alone is
+        still caught up, unpriced.
     BranchDrafter: a TreeDrafter that also has the target compute a side branch
         for it in the same call (lookahead decoding): verify_tree(K) -> Tree, the
         candidates' static tree; side_tree() -> Tree, the side branch hung under
@@ -80,7 +91,7 @@ class DraftContext:
 
   tokens: jax.Array  # [B, S] int32 committed tokens t_0..t_{L-1}; scratch beyond
   lengths: jax.Array  # [B] int32 committed length L per row
-  # For drafters with `uses_features` (None otherwise): the target's final hidden
+  # For a `FeatureDrafter` (None otherwise): the target's final hidden
   # states, entry j at slot feature_start[b] + j, valid for 0 <= slot <= L-2. The
   # newest valid one, h_{L-2}, produced the logits that chose t_{L-1}.
   features: jax.Array | None = None  # [B, F, D]
@@ -176,18 +187,46 @@ class BranchDrafter(Protocol):
 
 @runtime_checkable
 class CatchUpDrafter(Protocol):
-  """A drafter whose state must catch up after rounds that did not call it.
-
-  It may also define `sync_calls(context, synced) -> [] int32`, how many calls `sync`
-  makes from `synced` (0: nothing to catch up); `"auto"` then prices a drafting round
-  after plain ones with it (`dynamic.catch_up_fee`). Without it the catch-up still
-  happens, unpriced. (It is not part of the protocol, so that a drafter written
-  against `sync` alone is still caught up rather than left with a stale state.)
-  """
+  """A drafter whose state must catch up after rounds that did not call it."""
 
   def sync(self, state: Any, context: DraftContext, synced: jax.Array) -> Any:
     """The state brought up to the decode-state invariant from `synced` [B], the
     number of leading slots known to be current."""
+
+
+@runtime_checkable
+class PricedCatchUpDrafter(CatchUpDrafter, Protocol):
+  """A `CatchUpDrafter` that says what its catch-up costs, so `"auto"` can price it
+  (`dynamic.catch_up_fee`)."""
+
+  sync_block: int  # tokens each catch-up call feeds per row
+
+  def sync_calls(self, context: DraftContext, synced: jax.Array) -> jax.Array:
+    """[] int32: how many calls `sync` makes from `synced` (0: nothing to catch up)."""
+
+
+@runtime_checkable
+class ModelDrafter(Protocol):
+  """A drafter that runs models of its own (a draft model). The planner maps over them:
+  placement on a mesh, the decoding form kept per model, the prior on their cost."""
+
+  def models(self) -> tuple[Any, ...]:
+    """The `jspec.Model`s this drafter calls."""
+
+  def with_models(self, models: tuple[Any, ...]) -> Any:
+    """This drafter over `models` (same order as `models()`), everything else as is."""
+
+  def prepared(self) -> Any:
+    """This drafter in decoding form (its models' `Model.prepared`, and whatever it
+    derives from their params once per program). Called inside the program, before
+    the loop."""
+
+
+@runtime_checkable
+class FeatureDrafter(Protocol):
+  """A drafter that reads the target's hidden states (Medusa, EAGLE)."""
+
+  feature_layers: tuple[int, ...]  # () the final hidden state; else those layers fused
 
 
 @runtime_checkable
@@ -200,17 +239,20 @@ class ObservingDrafter(Protocol):
 
 
 def uses_features(drafter) -> bool:
-  """A FeatureDrafter: it reads the target's hidden states (the class attribute
-  `uses_features = True`; `init` then takes them as a fourth argument)."""
-  return getattr(drafter, "uses_features", False) is True
+  """A `FeatureDrafter`: it reads the target's hidden states (`init` then takes them as
+  a fourth argument)."""
+  return isinstance(drafter, FeatureDrafter)
 
 
 def feature_layers(drafter) -> tuple[int, ...]:
-  """The target layers a feature drafter fuses (`feature_layers`); () for the final
-  hidden state, and for drafters that read no features."""
-  if not uses_features(drafter):
-    return ()
-  return tuple(getattr(drafter, "feature_layers", ()) or ())
+  """The target layers a feature drafter fuses; () for the final hidden state, and for
+  drafters that read no features."""
+  return tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
+
+
+def prepared(drafter):
+  """A drafter in decoding form (`ModelDrafter.prepared`); any other as it is."""
+  return drafter.prepared() if isinstance(drafter, ModelDrafter) else drafter
 
 
 def target_for(target, drafter):

@@ -43,7 +43,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from jspec.core import decode, streaming
-from jspec.core.drafter import CatchUpDrafter, DraftContext, LookupDrafter, ObservingDrafter
+from jspec.core.drafter import (CatchUpDrafter, DraftContext, LookupDrafter, ObservingDrafter,
+                                PricedCatchUpDrafter)
 from jspec.core.model import Model
 from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, after, choose
 
@@ -74,7 +75,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   schedule charges the calls it still needs to the next drafting round.
   """
   lazy = isinstance(drafter, CatchUpDrafter)
-  target, drafter = decode.prepared(target), decode.prepared(drafter)
+  target, drafter = decode.prepared(target, drafter)
   if lazy:
     state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
                               eos_ids, seeds, config, constraint)
@@ -102,8 +103,9 @@ def catch_up_fee(drafter, state: AutoState):
   """[] f32 what catching `drafter` up would cost before its next draft, in the unit of
   the costs; None for a drafter that never catches up. Worked out only where the
   schedule prices the choices, not every round. None too for one that catches up
-  without saying how many calls it makes (no `sync_calls`): it is not priced."""
-  if not isinstance(drafter, CatchUpDrafter) or not hasattr(drafter, "sync_calls"):
+  without saying how many calls it makes (not a `PricedCatchUpDrafter`): it is not
+  priced."""
+  if not isinstance(drafter, PricedCatchUpDrafter):
     return None
   s, sched = state.decode, state.schedule
   context = DraftContext(tokens=s.tokens, lengths=s.lengths)
@@ -128,10 +130,11 @@ def proposal_counts(drafter, state: decode.DecodeState, max_k: int):
 
 
 def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
-                auto: AutoK, index: int, sync: bool = False) -> AutoState:
+                auto: AutoK, index: int, sync: bool = False, channel=None) -> AutoState:
   """One round at K = auto.choices[index] (static), and the schedule's update.
 
   sync: first bring the drafter up to date (after rounds that did not draft).
+  channel: what `config.stream` is told with the round's tokens (`decode.decode_loop`).
   """
   k = auto.choices[index]
   s, sched = state.decode, state.schedule
@@ -196,13 +199,13 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
       first=sched.first if lookup is None else lookup[1],
       catch_up=sched.catch_up,
   )
-  if config.stream:  # committed tokens to the host, as the fixed-K loop sends them
-    streaming.emit(new.tokens, new.lengths, new.prompt_lengths)
+  if config.stream is not None:  # committed tokens to the host, as decode_loop sends them
+    streaming.emit(config.stream, channel, new.tokens, new.lengths, new.prompt_lengths)
   return AutoState(new, schedule)
 
 
 def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
-                auto: AutoK) -> AutoState:
+                auto: AutoK, channel=None) -> AutoState:
   """Run dynamic rounds until every row is done.
 
   One `lax.while_loop` per choice of K, run one after another inside an outer
@@ -214,7 +217,7 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   64 those copies cost more than the drafting rounds they began gained. Loops in
   sequence hand their carry over in place.
   """
-  target, drafter = decode.prepared(target), decode.prepared(drafter)
+  target, drafter = decode.prepared(target, drafter)
 
   def not_done(s: AutoState):
     return jnp.any(~s.decode.done)
@@ -253,7 +256,7 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
     def body(carry):
       s, _, at_start = carry
       # Catching the drafter up is a test that finds nothing to feed after a drafting round.
-      s = fixed_round(target, drafter, s, config, auto, index, sync=True)
+      s = fixed_round(target, drafter, s, config, auto, index, sync=True, channel=channel)
       choice = next_choice(s, index, at_start)
       return s, choice, jnp.where(choice == index, at_start, finished(s))
 

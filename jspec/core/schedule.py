@@ -19,9 +19,9 @@ schedule without that margin changed K every two to four rounds on the shipped p
 
 The costs come from the call (`AutoK.costs`), from a profile timed and saved before
 (`jspec profile`, `jspec.tools.profile.profile_auto`), or from the prior of
-`jspec.core.cost_model` (the models' bytes and FLOPs against the device's measured
+`jspec.planner.cost_model` (the models' bytes and FLOPs against the device's measured
 bandwidth and compute, shaped by how the target's own call grows with its block,
-`jspec.core.call_times`). A call never times a round itself. Every compiled K is a
+`jspec.planner.call_times`). A call never times a round itself. Every compiled K is a
 verify program of its own, so the first call's compile time grows with their number:
 `select` keeps at most `AutoK.variants`, by default 2, K = 0 and one K (on SmolLM2-135M,
 2-core CPU, first calls: three programs 1.8x a fixed K's, two 1.2x).
@@ -63,7 +63,8 @@ class AutoK:
     is ahead). It bounds what staying can lose per round.
   costs: optional per-choice round costs (any time unit, same order as
     `choices`). None: a profile saved in `cache_dir` for these models and shapes
-    (`jspec profile`, `jspec.tools.profile.profile_auto`), else the prior of `jspec.core.cost_model` (no timing).
+    (`jspec profile`, `jspec.tools.profile.profile_auto`), else the prior of
+    `jspec.planner.cost_model` (no timing).
   variants: how many choices are compiled into the loop at most, 0 included. Each
     is a verify program of its own: compile time grows with it (module docstring).
     None: 2 of the default choices, or every one of choices given explicitly.

@@ -25,6 +25,7 @@ drops them). Drafts lie in `ids`, q is zero elsewhere, and acceptance stays exac
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,19 @@ class DraftModel:
   def vocab_size(self) -> int:
     """The draft model's vocabulary size (must equal the target's)."""
     return self.model.vocab_size
+
+  # PricedCatchUpDrafter: tokens each catch-up call feeds (not a field).
+  sync_block: ClassVar[int] = SYNC_CHUNK
+
+  def models(self) -> tuple[Model]:
+    """`ModelDrafter.models`: the draft model."""
+    return (self.model,)
+
+  def with_models(self, models) -> "DraftModel":
+    """`ModelDrafter.with_models`: this drafter over another form of its model (placed,
+    in decoding form). The gathered rows are dropped: `prepared` gathers them again."""
+    (model,) = models
+    return DraftModel(model, self.ids)
 
   def prepared(self) -> "DraftModel":
     """This drafter over the draft model's decoding-form params (`Model.prepared`), with
@@ -214,9 +228,9 @@ class DraftModel:
 
     synced [B]: slots below it hold current K/V. Afterwards slots below L-2 do,
     which is what `propose` expects. Rounds without drafting (dynamic K = 0) leave
-    gaps; the missed tokens go in with one call per `chunk` tokens, in order, each
-    block attending to the slots already fed. A row with nothing to catch up
-    rewrites slots at or beyond L-2 with the buffer's contents, which `propose`
+    gaps; the missed tokens go in with one call per `chunk` tokens (`sync_block`
+    by default), in order, each block attending to the slots already fed. A row with
+    nothing to catch up rewrites slots at or beyond L-2 with the buffer's contents, which `propose`
     and later drafts overwrite before anything attends to them.
 
         before:  t0 .. t(synced-1) | stale ............ | t(L-2) t(L-1)
@@ -241,8 +255,8 @@ class DraftModel:
     _, cache = lax.while_loop(missing, feed, (synced.astype(jnp.int32), cache))
     return cache
 
-  def sync_calls(self, context: DraftContext, synced, chunk: int = SYNC_CHUNK):
+  def sync_calls(self, context: DraftContext, synced):
     """[] int32: the calls `sync` makes from `synced`: the row furthest behind sets it."""
-    W = min(chunk, context.tokens.shape[1])
+    W = min(self.sync_block, context.tokens.shape[1])
     behind = jnp.maximum(context.lengths - 2 - synced, 0)  # [B]
     return jnp.max((behind + W - 1) // W).astype(jnp.int32)

@@ -65,7 +65,7 @@ class Eagle:
   """An EAGLE drafter: head params plus the target's frozen embedding and LM head.
 
   A pytree (params, embedding and LM head are leaves; shapes and constants
-  static), usable as a `jspec` drafter with target features (`uses_features`).
+  static), usable as a `jspec` drafter with target features (a `FeatureDrafter`).
   """
 
   params: Any  # head params (see `param_shapes`)
@@ -77,8 +77,6 @@ class Eagle:
       default=None, metadata=dict(static=True))
   ids: jax.Array | None = None  # [N] int32: the token ids drafted (None: all V; `reduced`)
   rows: jax.Array | None = None  # [N, D] the LM-head rows of `ids`
-
-  uses_features = True  # the decode loop passes target hidden states (not a field)
 
   @classmethod
   def from_target(cls, target: Model, head_params, config: EagleConfig | None = None) -> "Eagle":
@@ -219,7 +217,7 @@ class Eagle:
     feats = getattr(context, "features", None)
     if feats is None or getattr(context, "feature_start", None) is None:
       raise ValueError("EAGLE drafts from the target's features: the context needs `features` "
-                       "and `feature_start` (a decode loop that honours `uses_features`)")
+                       "and `feature_start` (a decode loop that honours `FeatureDrafter`)")
     B, F, D = feats.shape
     if F < 1:
       raise ValueError("EAGLE needs at least one feature entry per round (F >= 1)")

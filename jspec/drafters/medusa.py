@@ -133,7 +133,7 @@ class Medusa:
   """A Medusa drafter: trained heads plus the target's frozen LM head.
 
   Build it with `Medusa.from_target(target, heads)` or `load_medusa(path, target)`.
-  Drafts come from the target's features (`uses_features`), so the drafter keeps no
+  Drafts come from the target's features (a `FeatureDrafter`), so the drafter keeps no
   cache: `init` returns None.
   """
 
@@ -143,7 +143,8 @@ class Medusa:
   tied: bool = _static(True)
   softcap: float | None = _static(None)
 
-  uses_features: ClassVar[bool] = True
+  # A FeatureDrafter reading the final hidden state (not a field: no target layers fused).
+  feature_layers: ClassVar[tuple[int, ...]] = ()
 
   @classmethod
   def from_target(cls, target: Model, heads: dict) -> "Medusa":
@@ -249,7 +250,7 @@ def newest_feature(context) -> jax.Array:
   features = getattr(context, "features", None)
   if features is None or getattr(context, "feature_start", None) is None:
     raise ValueError("Medusa drafts from the target's hidden states, but the draft context "
-                     "carries none: the decode loop must give drafters with uses_features "
+                     "carries none: the decode loop must give a FeatureDrafter "
                      "their features")
   F = features.shape[1]
   if F == 0:

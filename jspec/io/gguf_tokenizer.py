@@ -235,9 +235,9 @@ def _turn_end_id(config, backend) -> int | None:
 
 
 def _read_metadata(source) -> tuple[str, dict]:
-  """(a name for messages, {key: value}) of a path, a parsed `jspec.io.gguf_file.GGUFFile`
+  """(a name for messages, {key: value}) of a path, a parsed `jspec.models.gguf_file.GGUFFile`
   or an open `gguf.GGUFReader`."""
-  from jspec.io import gguf_file
+  from jspec.models import gguf_file
 
   if isinstance(source, (str, os.PathLike)):
     path = os.fspath(source)

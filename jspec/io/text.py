@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jspec.core.api import generate, speculative_generate
+from jspec.planner.api import generate, speculative_generate
 from jspec.core.model import Model
 
 

@@ -6,7 +6,7 @@
 One process, side by side; every variant is compiled first, then timed in
 interleaved repeats. Times are medians; a speedup is the median over repeats of
 baseline time / variant time within the same repeat (`paired_speedup`). Task
-sets come from the shipped checkpoints' held-out token windows (models/shipped.py),
+sets come from the shipped checkpoints' held-out token windows (jspec/io/shipped.py),
 so nothing is downloaded:
 
   code      held-out code prompts (64 tokens), greedy completion;
@@ -52,7 +52,7 @@ from jspec.tools import profile
 from jspec.tools.bench_report import _jsonable, plot
 from jspec.tools.bench_timing import (_Concat, _row, _tokens_out, floor, paired_speedup,
                                       side_by_side, steady_rounds)
-from jspec.core.api import cache_bucket, generate, speculative_generate
+from jspec.planner.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.model import Model
 from jspec.drafters.ngram import NGram

@@ -47,7 +47,7 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
   """The report (module docstring). prompts: [(kind, token ids)] (default: the held-out
   chat prompts, `per_kind` of each kind); target: the model already loaded from
   `target_path` (f32)."""
-  from jspec.core.compilation import enable_compilation_cache
+  from jspec.planner.cache_folder import enable_compilation_cache
   from jspec.io import checkpoint
   from jspec.tools import bench_timing
   from jspec.tools import real_sections as R

@@ -8,7 +8,7 @@ weights once bounds it near one step; XLA CPU has options that route matrix prod
 to other kernels (XNNPACK, YNNPACK, oneDNN) or change its own code generation. Each
 option set is read once, when XLA starts, so every set runs in a process of its own:
 it loads the target, compiles a batch-1 cached call on each block size and times
-`calls` calls inside one jitted loop (`jspec.core.call_times.loop_times`), interleaved
+`calls` calls inside one jitted loop (`jspec.planner.call_times.loop_times`), interleaved
 over `repeats`. Reported per set: ms per call of each block size, each block's cost
 in steps, and whether the logits equal the default set's (a kernel that changes the
 numbers would change greedy answers at near-ties).
@@ -45,7 +45,7 @@ def child(target: str, blocks: list[int], calls: int, repeats: int) -> dict:
   import numpy as np
 
   from jspec.tools.bench_real import load_target
-  from jspec.core.call_times import loop_times
+  from jspec.planner.call_times import loop_times
 
   model = load_target(target)
   times = loop_times(model, 1, blocks, 512, calls, repeats)
@@ -97,7 +97,7 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
 
   import numpy as np
 
-  from jspec.core import api
+  from jspec.planner import api
   from jspec.tools import bench_real, real_sections
 
   s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)

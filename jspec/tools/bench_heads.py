@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jspec.core.api import generate, speculative_generate
+from jspec.planner.api import generate, speculative_generate
 from jspec.core.tree import Tree
 
 SECOND = 0.4  # share of a rejected argmax's mass assumed caught by the second choice

@@ -4,8 +4,8 @@ drafts, and (for EAGLE heads) a dynamic tree (EAGLE-2) within a node budget.
     python -m jspec.tools.bench_heads_real --head DIR [--head DIR2 ...] [--k 4]
         [--tree 16,5,4] [--per-kind 2] [--max-new-tokens 64] [--repeats 3] [--json out.json]
 
-Each `--head` is a drafter folder: an EAGLE head (`python -m jspec.models.recipe_eagle3`),
-a draft model (`python -m jspec.models.recipe_draft`) or any folder `jspec measure
+Each `--head` is a drafter folder: an EAGLE head (`python -m jspec.recipes.smollm2_eagle3`),
+a draft model (`python -m jspec.recipes.smollm2_draft`) or any folder `jspec measure
 --drafter` reads, loaded for the target (SmolLM2-135M-Instruct by default). Sets, timing and latency
 as `jspec.tools.bench_lookahead`: batch 1, greedy, the held-out chat prompts of the three
 kinds, methods interleaved, speedup = plain time over the method's, answers compared

@@ -208,9 +208,9 @@ def run(path: str, s: Settings, out_dir: str | None = None, sections=SECTIONS,
 
 def main(path: str, s: Settings, out_dir: str, sections) -> int:
   """`jspec bench --target`: run, print the summary, say what was written."""
-  from jspec.core import compilation
+  from jspec.planner import cache_folder
 
-  compilation.enable_compilation_cache()
+  cache_folder.enable_compilation_cache()
   report = run(path, s, out_dir, sections, strict=False)
   print(summary(report))
   print(f"wrote {os.path.join(out_dir, REPORT)} and {len(report.get('figures', []))} figure(s)")

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.core import schedule
-from jspec.core.api import cache_bucket, generate, speculative_generate
+from jspec.planner.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.model import Model
 

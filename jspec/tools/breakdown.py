@@ -32,7 +32,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-from jspec.core import call_times
+from jspec.planner import call_times
 
 # One instruction of the compiled program's text: name, output shape, opcode, operands.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \w+\[([\d,]*)\]\S* ([\w\-]+)\((.*?)\)")

@@ -141,9 +141,9 @@ def lookahead_from(spec: str, vocab_size: int):
 
 def chat(args) -> int:
   """Interactive chat: one line per user turn; /reset clears the history, /quit (or EOF) ends."""
-  from jspec.core import compilation
+  from jspec.planner import cache_folder
 
-  compilation.enable_compilation_cache(args.cache_dir)
+  cache_folder.enable_compilation_cache(args.cache_dir)
   target = load_chat_model(args.target)
   drafter = drafter_for(target, args.drafter, args.ngram)
   k = "auto" if args.k == "auto" else int(args.k)
@@ -177,9 +177,9 @@ def chat(args) -> int:
 
 def generate_chat(args) -> int:
   """`jspec generate --chat`: one user message, the streamed answer, then the footer."""
-  from jspec.core import compilation
+  from jspec.planner import cache_folder
 
-  compilation.enable_compilation_cache(getattr(args, "cache_dir", None))
+  cache_folder.enable_compilation_cache(getattr(args, "cache_dir", None))
   target = load_chat_model(args.target)
   drafter = None
   if args.speculative or args.draft is not None:

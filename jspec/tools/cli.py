@@ -40,7 +40,7 @@ def generate(args) -> int:
   """Complete one text prompt with the shipped (or given) model, optionally speculatively;
   with --chat, answer it as a user message of a chat model (jspec/tools/chat.py)."""
   import jspec
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   if args.chat:
     from jspec.tools import chat as chat_lib
@@ -67,7 +67,7 @@ def _target_and_draft(args):
   """--target / --drafter: checkpoint dirs, "ngram[:N]", "lookahead[:W,N,G]", or the shipped
   models by default."""
   import jspec
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   target = (jspec.load(args.target, dtype="float32") if args.target
             else shipped.load(shipped.TARGET, path=args.checkpoints))
@@ -121,7 +121,7 @@ def chat(args) -> int:
 def profile(args) -> int:
   """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
   import jspec
-  from jspec.core import api, cost_model
+  from jspec.planner import api, cost_model
   from jspec.tools import bench_real
   from jspec.tools import profile as P
 
@@ -152,7 +152,7 @@ def bench(args) -> int:
   import jspec
   from jspec.tools import bench as bench_lib
   from jspec.tools import bench_report, bench_timing
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
   if args.target is not None:  # a real GGUF model, jspec against transformers on it

@@ -13,7 +13,7 @@ Without the package it runs the code pair that ships in `checkpoints/` instead.
 
 Timing: every prompt is padded to one prompt bucket and one cache length, so the
 whole demo compiles two programs (baseline, speculative); they are kept in the
-persistent compilation cache (`jspec.core.compilation`), so a second run starts decoding
+persistent compilation cache (`jspec.planner.cache_folder`), so a second run starts decoding
 in seconds. Baseline and speculative calls are timed in turns (interleaved repeats,
 medians), after a one-token warm-up call of each that compiles them.
 """
@@ -49,7 +49,7 @@ def smollm2_path() -> str | None:
 
 def chat_prompts(path: str | None = None) -> list[dict]:
   """The held-out chat prompts: [{"kind": restate|explain|question, "content": text}]."""
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   with open(os.path.join(shipped.checkpoints_dir(path), "chat_prompts.json")) as f:
     return json.load(f)
@@ -96,7 +96,7 @@ def batch1_runs(target, drafter, prompts: list[list[int]], k, new_tokens: int):
   and one cache length, so that two programs serve them all. Returns ({"baseline",
   "speculative"}: fn(prompt index, max_new_tokens) -> output, cache length)."""
   import jspec
-  from jspec.core.inputs import cache_bucket, prompt_bucket
+  from jspec.planner.inputs import cache_bucket, prompt_bucket
 
   P = prompt_bucket(max(len(p) for p in prompts))
   S = cache_bucket(P + new_tokens + (6 if k == "auto" else k) + 1)
@@ -115,7 +115,7 @@ def real_demo(args, path: str) -> int:
   import jax
 
   import jspec
-  from jspec.core import call_times
+  from jspec.planner import call_times
   from jspec.tools import costs
 
   t_start = time.perf_counter()
@@ -240,8 +240,8 @@ def shipped_demo(args) -> int:
 
   import jspec
   from jspec.tools import costs, profile
-  from jspec.core.api import cache_bucket
-  from jspec.models import shipped
+  from jspec.planner.api import cache_bucket
+  from jspec.io import shipped
 
   t_start = time.perf_counter()
   path = shipped.checkpoints_dir(args.checkpoints)
@@ -310,9 +310,9 @@ def shipped_demo(args) -> int:
 
 def main(args) -> int:
   """`jspec demo`: the real model when installed (or given), else the shipped pair."""
-  from jspec.core import compilation
+  from jspec.planner import cache_folder
 
-  cache = compilation.enable_compilation_cache(args.cache_dir)
+  cache = cache_folder.enable_compilation_cache(args.cache_dir)
   path = args.model or (None if args.shipped else smollm2_path())
   if path is None:
     if not args.shipped:

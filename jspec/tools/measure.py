@@ -29,7 +29,7 @@ import numpy as np
 
 from jspec.tools import costs
 from jspec.tools import latency as lat
-from jspec.core.api import cache_bucket, generate, speculative_generate
+from jspec.planner.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
 from jspec.core import decode
 from jspec.core.decode import DecodeConfig

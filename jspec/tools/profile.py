@@ -1,11 +1,11 @@
 """Timing decode rounds on this device: the profile that `"auto"` reads.
 
 `num_draft_tokens="auto"` never times a round inside a call: it starts from the
-prior of `jspec.core.cost_model` (whose only timings, the models' own calls in
-`jspec.core.call_times`, run once per machine, model and shape). This module measures
+prior of `jspec.planner.cost_model` (whose only timings, the models' own calls in
+`jspec.planner.call_times`, run once per machine, model and shape). This module measures
 what a round really costs, when asked (`jspec profile`, `profile_auto`), and keeps the
 times in `<cache_dir>/costs.json` under a key of the machine, the models' shapes and the
-call's shape; later calls with the same setup read them (`jspec.core.cost_model.saved_round_costs`).
+call's shape; later calls with the same setup read them (`jspec.planner.cost_model.saved_round_costs`).
 
 Sums of the calls alone (`call_costs`) understate a whole round by 20-40% at batch
 8-64 on XLA CPU (the loop's own bookkeeping), and a schedule fed those speculates
@@ -19,7 +19,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jspec.core import call_times, cost_model, decode
+from jspec.core import decode
+from jspec.planner import call_times, cost_model
 from jspec.core.drafter import DraftContext
 from jspec.core.model import Model
 from jspec.core.schedule import AutoK, monotone

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jspec.tools import bench_timing
-from jspec.core import call_times
-from jspec.core.api import generate, speculative_generate
-from jspec.core.inputs import cache_bucket, prompt_bucket as _prompt_bucket
+from jspec.planner import call_times
+from jspec.planner.api import generate, speculative_generate
+from jspec.planner.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 from jspec.core.model import Model
 from jspec.drafters.ngram import NGram
 
@@ -305,7 +305,7 @@ def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
                  repeats: int = 5) -> dict:
   """What a verify of K + 1 tokens costs against a 1-token step at batch 1.
 
-  in_loop: each call repeated inside one jitted loop (`jspec.core.call_times.loop_times`), the ratio the
+  in_loop: each call repeated inside one jitted loop (`jspec.planner.call_times.loop_times`), the ratio the
   median over repeats of verify / step timed in the same repeat; single_calls: one
   call at a time, dispatched from Python (`costs.call_time`, medians). A verify
   costing more than a step is what speculation must win back: the ideal speedup of

@@ -27,7 +27,7 @@ measures whole rounds when that matters; what it saved is read here
 How a call's cost grows with its block is where bytes and FLOPs mislead most on a
 small CPU (the cost of a product over a few rows depends on the matrix's shape, and a
 small model's call is mostly work that is not products), so `call_time` can take that
-growth timed on the model's own calls (`jspec.core.call_times.growth`, once per
+growth timed on the model's own calls (`jspec.planner.call_times.growth`, once per
 machine, model and shape).
 """
 
@@ -47,6 +47,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jspec.core.drafter import ModelDrafter
+from jspec.core.schedule import monotone
+from jspec.planner import cache_folder
 
 # The probe: a stack of 8 MB matrices applied one after another, 512 MB in all, like
 # a model's layers (a matrix of a few MB behaves unlike one of 512 MB: a CPU's matrix
@@ -158,9 +162,7 @@ def cache_path(cache_dir: str | None = None, name: str = "costs.json") -> str:
   """Where saved measurements are kept: <cache_dir>/<name> (profiles: costs.json;
   device rates: device.json; call times: calls.json), by default in jspec's
   cache folder ($JSPEC_CACHE_DIR, else ~/.cache/jspec)."""
-  from jspec.core import compilation
-
-  root = os.path.expanduser(cache_dir) if cache_dir else compilation.cache_root()
+  root = os.path.expanduser(cache_dir) if cache_dir else cache_folder.cache_root()
   return os.path.join(root, name)
 
 
@@ -203,8 +205,6 @@ def saved_round_costs(target, drafter, batch: int, cache_length: int, choices, *
   """Round costs at each K of `choices` as a profile saved them (`jspec profile`), or
   None when some K is missing. The models as a decoding call runs them (their decoding
   form, a draft model wrapped as `DraftModel`): the form profiles are keyed by."""
-  from jspec.core.schedule import monotone
-
   key = profile_key("round", (target, drafter), batch, cache_length, greedy, filtered)
   known = {int(k): float(v) for k, v in read_table(cache_path(cache_dir)).get(key, {}).items()}
   if not set(choices) <= set(known):
@@ -268,7 +268,7 @@ def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRat
   """Prior seconds of one cached call of `model` on `block` tokens per row.
 
   growth: {block: cost ratio to a one-token call} timed on the model's own calls
-  (`jspec.core.call_times.growth`); the call then costs the prior's one-token call
+  (`jspec.planner.call_times.growth`); the call then costs the prior's one-token call
   times growth[block], rather than the rates' estimate at batch * block rows."""
   w_bytes, w_params = _streamed(model)
   cache = jax.eval_shape(lambda: model.init_cache(batch, cache_length))
@@ -291,9 +291,9 @@ def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRa
 
   draft_step: for a draft model, a measured lower bound on one of its steps (seconds;
   see `prior_costs`)."""
-  model = getattr(drafter, "model", None)
-  if model is not None and hasattr(model, "apply_fn"):  # a draft model: k of its steps
-    return k * max(call_time(model, batch, 1, cache_length, rates), draft_step)
+  if isinstance(drafter, ModelDrafter):  # a draft model: k of its steps
+    return k * sum(max(call_time(model, batch, 1, cache_length, rates), draft_step)
+                   for model in drafter.models())
   w_bytes, w_params = _bytes_and_params(drafter)
   if not w_bytes:
     return 0.0
@@ -325,8 +325,7 @@ _PRIORS: dict[str, tuple[float, ...]] = {}
 
 
 def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth, draft_ratio):
-  from jspec.core.schedule import monotone  # a round with more drafts never costs less
-
+  # A round with more drafts never costs less (`monotone`).
   step = call_time(target, batch, 1, cache_length, rates, growth)
   draft_step = step * draft_ratio if draft_ratio else 0.0
   return monotone(choices, [

@@ -1,9 +1,11 @@
 """Host-side checks and shapes of `generate`'s inputs: prompts to a padded array,
 per-row settings, EOS ids, seeds, and the buckets that keep compiled programs stable.
-Everything here runs on NumPy before any tracing and raises clear errors."""
+Everything here runs on NumPy before any tracing and raises clear errors; `request`
+gathers one call's inputs into a `Request`."""
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Sequence
 
@@ -140,3 +142,68 @@ def cache_bucket(slots: int) -> int:
   """The cache length `generate` picks when `slots` are needed (a multiple of
   CACHE_BUCKET): calls in the same bucket share a compiled program."""
   return round_up(slots, CACHE_BUCKET)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One call's inputs, checked, as host NumPy arrays (placed on devices later)."""
+
+  tokens: np.ndarray  # [B, P] int32 right-padded prompts (P a bucket, never past the cache)
+  lengths: np.ndarray  # [B] int32 prompt lengths
+  max_new: np.ndarray  # [B] int32 >= 1
+  seeds: np.ndarray  # [B] int32
+  temperature: np.ndarray  # [B] f32 >= 0 (0: greedy)
+  top_k: np.ndarray  # [B] int32 >= 0 (0: off)
+  top_p: np.ndarray  # [B] f32 in (0, 1]
+  eos_ids: np.ndarray  # [E] int32, -1 padded
+  cache_length: int  # S slots per row
+
+  @property
+  def batch(self) -> int:
+    return int(self.tokens.shape[0])
+
+  @property
+  def greedy(self) -> bool:
+    """Every row greedy: the static argmax-only program."""
+    return bool(np.all(self.temperature == 0))
+
+  @property
+  def filtered(self) -> bool:
+    """Some row keeps a top-k or top-p set (a round then costs more)."""
+    return bool(np.any((self.top_k > 0) | (self.top_p < 1.0)))
+
+
+def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k, top_p, eos_id,
+            seed, cache_length, block: int) -> Request:
+  """Every per-call input of `generate` checked and shaped, before any tracing.
+
+  block: slots one verify call needs past the longest row (K + 1, or a tree's nodes)."""
+  tokens, lengths = prompts_to_array(prompts, prompt_lengths, target.vocab_size)
+  B = tokens.shape[0]
+  max_new = per_row_int(max_new_tokens, B, "max_new_tokens", minimum=1)
+  temps = per_row_float(temperature, B, "temperature")
+  top_ks = per_row_int(top_k, B, "top_k", minimum=0)
+  top_ps = per_row_float(top_p, B, "top_p")
+  if np.any(temps < 0):
+    raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
+  if np.any(~((top_ps > 0) & (top_ps <= 1))):
+    raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+  eos = eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
+  seeds = row_seeds(seed, B)
+  longest, most_new = int(lengths.max()), int(max_new.max())
+  if target.max_length is not None and longest + most_new > target.max_length:
+    raise ValueError(
+        f"longest prompt ({longest}) + max_new_tokens ({most_new}) exceeds the model's "
+        f"max_position_embeddings ({target.max_length})")
+  needed = longest + most_new + block
+  if cache_length is None:
+    S = cache_bucket(needed)
+  else:
+    S = int(cache_length)
+    if S < needed:
+      raise ValueError(
+          f"cache_length {S} is too small: the longest prompt ({longest}) + max_new_tokens "
+          f"({most_new}) + a verify block of {block} = {needed} slots are needed")
+  # The prompt bucket never outgrows the cache; what is cut here is padding only.
+  return Request(tokens=tokens[:, :S], lengths=lengths, max_new=max_new, seeds=seeds,
+                 temperature=temps, top_k=top_ks, top_p=top_ps, eos_ids=eos, cache_length=S)

@@ -1,6 +1,6 @@
 """Training an EAGLE head (`jspec.drafters.eagle`) for a frozen target, with optax.
 
-    python -m jspec.models.train_eagle --out checkpoints/code-eagle   # the shipped head
+    python -m jspec.training.train_eagle --out checkpoints/code-eagle   # the shipped head
 
 Each step draws windows t_0..t_{T-1} of the tokenised train split (a seeded
 function of (seed, step), so a run resumed from its orbax checkpoint sees the
@@ -42,7 +42,7 @@ import optax
 
 from jspec.drafters import eagle as E
 from jspec.core.drafter import DraftContext, target_for
-from jspec.models import trainer
+from jspec.training import trainer
 
 ACCEPT_K = 4
 ACCEPT_NEW_TOKENS = 128
@@ -421,8 +421,8 @@ def train_eagle(target, cfg: EagleTrainConfig, batch_fn: Callable[[int], np.ndar
 
 
 def train_stream(work: str, tokenizer) -> tuple[np.ndarray, dict]:
-  """The tokenised train split of `jspec.models.corpus` (cached in `work`) and its description."""
-  from jspec.models import corpus
+  """The tokenised train split of `jspec.training.corpus` (cached in `work`) and its description."""
+  from jspec.training import corpus
 
   path = os.path.join(work, "train_stream.npy")
   info_path = os.path.join(work, "corpus.json")
@@ -444,11 +444,13 @@ def train_stream(work: str, tokenizer) -> tuple[np.ndarray, dict]:
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.train_eagle`."""
+  """Command line of `python -m jspec.training.train_eagle`."""
   from jspec.io import checkpoint
-  from jspec.models import corpus, recipe, shipped
+  from jspec.io import shipped
+  from jspec.recipes import code_pair as recipe
+  from jspec.training import corpus
 
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.train_eagle",
+  parser = argparse.ArgumentParser(prog="python -m jspec.training.train_eagle",
                                    description=__doc__.splitlines()[0])
   defaults = EagleTrainConfig()
   parser.add_argument("--out", required=True, help="directory for the trained head (replaced)")
@@ -468,7 +470,7 @@ def main(argv=None) -> int:
                       help="dtype of the saved params")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
-  command = "python -m jspec.models.train_eagle " + " ".join(
+  command = "python -m jspec.training.train_eagle " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
   t_start = time.perf_counter()

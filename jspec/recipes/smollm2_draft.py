@@ -1,11 +1,11 @@
 """A draft model distilled from SmolLM2-135M-Instruct (or any chat GGUF / checkpoint).
 
-    python -m jspec.models.recipe_draft --out checkpoints/smollm2-draft
+    python -m jspec.recipes.smollm2_draft --out checkpoints/smollm2-draft
 
 The classic draft-model row for a real target: a decoder of the target's own
 architecture and tokenizer, `--layers` layers deep, so a draft token costs a small
 fraction of a target step. Stages, cached in `--work` (shared with
-`jspec.models.recipe_eagle3`, whose data it reuses):
+`jspec.recipes.smollm2_eagle3`, whose data it reuses):
 
 1. data: the target's own answers to the recipe's instruction prompts and the outputs
    of its last decoder layer at every position (`recipe_eagle3.ensure_data`).
@@ -18,7 +18,7 @@ fraction of a target step. Stages, cached in `--work` (shared with
    Zhou et al. 2023: forward KL was among the strongest divergences for greedy
    drafting), the teacher's logits recomputed from the stored last-layer outputs, so
    the target is not run again; optax, orbax checkpoints, resume, tqdm
-   (`jspec.models.trainer`).
+   (`jspec.training.trainer`).
 4. export and measure: bf16 params without the embedding and a manifest (data, steps,
    held-out top-1 agreement, tau at K = 4 on the shipped held-out chat prompts, output
    checked equal to `jspec.generate`).
@@ -42,8 +42,8 @@ import numpy as np
 import optax
 
 from jspec.drafters import vocab_subset
-from jspec.models import recipe_eagle3 as RE
-from jspec.models import train, trainer
+from jspec.recipes import smollm2_eagle3 as RE
+from jspec.training import train, trainer
 from jspec.models import transformer as TR
 
 
@@ -134,12 +134,12 @@ def heldout_metrics(trainable, embed, config, rows_, teacher_norm, data, held, i
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.recipe_draft`."""
+  """Command line of `python -m jspec.recipes.smollm2_draft`."""
   import jspec
   from jspec.io import draft_checkpoint
   from jspec.tools import demo
 
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe_draft",
+  parser = argparse.ArgumentParser(prog="python -m jspec.recipes.smollm2_draft",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the draft model (replaced)")
   parser.add_argument("--target", default=None,
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
   parser.add_argument("--no-measure", action="store_true")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
-  command = "python -m jspec.models.recipe_draft " + " ".join(
+  command = "python -m jspec.recipes.smollm2_draft " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
   picks = [int(i) for i in args.init.split(",")]
   if len(picks) != args.layers:
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
       "cost_ratio": round(per_token["draft"] / per_token["target"], 4),
       "draft_vocab": int(len(ids)), "stored_dtype": "bfloat16",
       "data": {"prompts": int(n), "heldout_windows": int(args.heldout),
-               "source": "jspec.models.recipe_eagle3 data (the target's own answers to "
+               "source": "jspec.recipes.smollm2_eagle3 data (the target's own answers to "
                "instruction prompts over the CPython standard library)",
                "answer_tokens": int(data["answer_lengths"].sum()), "window": args.window},
       "objective": "forward KL(target || draft) over the drafted ids",

@@ -1,8 +1,8 @@
 """The recipe of the shipped code models: one command, from the interpreter's own
 standard library to `checkpoints/`.
 
-    python -m jspec.models.recipe                   # writes ./checkpoints, work in ./.recipe
-    python -m jspec.models.recipe --preset gpu      # larger configs on an accelerator
+    python -m jspec.recipes.code_pair                   # writes ./checkpoints, work in ./.recipe
+    python -m jspec.recipes.code_pair --preset gpu      # larger configs on an accelerator
 
 Stages (each records its wall time; a rerun skips finished stages and resumes an
 interrupted training stage from its last orbax checkpoint):
@@ -38,8 +38,8 @@ import time
 
 import numpy as np
 
-from jspec.models import corpus
-from jspec.models.train import TrainConfig
+from jspec.training import corpus
+from jspec.training.train import TrainConfig
 from jspec.models.transformer import TransformerConfig
 
 VOCAB_SIZE = 8192
@@ -217,7 +217,7 @@ def _text_batches(stream, cfg: TrainConfig):
 def _train_stage(run: Run, name: str, config, cfg: TrainConfig, batch_fn, loss_fn=None,
                  teacher=None, init_from: str | None = None):
   from jspec.io import checkpoint
-  from jspec.models import train as T
+  from jspec.training import train as T
 
   init_params = None
   if init_from is not None:
@@ -309,7 +309,7 @@ def _accept_prompts(run: Run) -> np.ndarray:
 def _stage_export(run: Run):
   """bf16 copies in `out`, evaluated as shipped (bf16 weights, f32 compute)."""
   from jspec.io import checkpoint
-  from jspec.models import train as T
+  from jspec.training import train as T
 
   os.makedirs(run.out, exist_ok=True)
   heldout = _heldout_windows(run)
@@ -391,7 +391,7 @@ def run_recipe(out: str, work: str, preset: str = "cpu", command: str = "",
   run.stage("continuations", lambda: _stage_continuations(run))
 
   def distill():
-    from jspec.models import train as T
+    from jspec.training import train as T
     return _train_stage(run, "draft-distilled", p.draft, p.distill_train,
                         _distill_batches(run, p.distill_train), T.distill_loss,
                         teacher=_load(run, "target"), init_from="draft-text")
@@ -407,15 +407,15 @@ def run_recipe(out: str, work: str, preset: str = "cpu", command: str = "",
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.recipe`."""
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe",
+  """Command line of `python -m jspec.recipes.code_pair`."""
+  parser = argparse.ArgumentParser(prog="python -m jspec.recipes.code_pair",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="checkpoints", help="where the shipped files go")
   parser.add_argument("--work", default=".recipe", help="tokenizer, streams, training state")
   parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
-  command = "python -m jspec.models.recipe " + " ".join(shlex.quote(a) for a in (argv or
+  command = "python -m jspec.recipes.code_pair " + " ".join(shlex.quote(a) for a in (argv or
                                                                                   sys.argv[1:]))
   run_recipe(args.out, args.work, args.preset, command.strip(), not args.no_progress)
   return 0

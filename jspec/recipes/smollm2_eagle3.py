@@ -1,11 +1,11 @@
 """EAGLE heads for SmolLM2-135M-Instruct (or any chat GGUF / checkpoint), from local data.
 
-    python -m jspec.models.recipe_eagle3 --out checkpoints/smollm2-eagle3
+    python -m jspec.recipes.smollm2_eagle3 --out checkpoints/smollm2-eagle3
 
 Stages, each cached in `--work` so a rerun resumes where it stopped:
 
 1. prompts: functions and classes of the standard library's train split
-   (`jspec.models.corpus`) under instruction templates (explain, rewrite, document,
+   (`jspec.training.corpus`) under instruction templates (explain, rewrite, document,
    add type hints, summarise, answer a question about a name), in the target's chat
    template; a seeded shuffle, prompts longer than `--max-prompt` tokens dropped.
 2. answers: the target's own answers (`jspec.generate`, batches of 16; most greedy, a
@@ -15,7 +15,7 @@ Stages, each cached in `--work` so a rerun resumes where it stopped:
    (EAGLE-1's final hidden state is its norm), stored in bf16, and the target's argmax
    at every position (the labels).
 4. training: the head on the stored features (the target is not run again), with
-   optax, orbax checkpoints and tqdm (`jspec.models.trainer`). EAGLE-3: training-time
+   optax, orbax checkpoints and tqdm (`jspec.training.trainer`). EAGLE-3: training-time
    test over `--ttt` steps, cross-entropy against the target's argmax over the
    `--vocab` most frequent ids of the answers (FR-Spec). EAGLE-1 (`--kind eagle1`):
    smooth-L1 on the final hidden state plus 0.1 x cross-entropy, full vocabulary.
@@ -46,8 +46,8 @@ import optax
 
 from jspec.drafters import eagle as E
 from jspec.drafters import vocab_subset
-from jspec.models import train_eagle as TE
-from jspec.models import trainer
+from jspec.training import train_eagle as TE
+from jspec.training import trainer
 
 TEMPLATES = (
     ("explain", "Explain what this Python code does:\n\n{code}"),
@@ -83,7 +83,7 @@ def snippets(docs, min_lines: int = 4, max_lines: int = 24):
 
 def build_prompts(tokenizer, count: int, max_prompt: int, seed: int = 0) -> list[dict]:
   """`count` chat prompts from the corpus's train split: [{"kind", "ids"}]."""
-  from jspec.models import corpus
+  from jspec.training import corpus
 
   found = snippets(corpus.load_corpus().train)
   rng = np.random.default_rng(seed)
@@ -307,11 +307,11 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.recipe_eagle3`."""
+  """Command line of `python -m jspec.recipes.smollm2_eagle3`."""
   import jspec
   from jspec.tools import demo
 
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe_eagle3",
+  parser = argparse.ArgumentParser(prog="python -m jspec.recipes.smollm2_eagle3",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the trained head (replaced)")
   parser.add_argument("--target", default=None,
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
   parser.add_argument("--stages", default="data,train,measure")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
-  command = "python -m jspec.models.recipe_eagle3 " + " ".join(
+  command = "python -m jspec.recipes.smollm2_eagle3 " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
   stages = set(args.stages.split(","))
 
@@ -415,7 +415,7 @@ def main(argv=None) -> int:
       "draft_vocab": None if ids is None else int(len(ids)), "stored_dtype": "bfloat16",
       "data": {"prompts": int(n), "heldout_windows": int(args.heldout),
                "templates": [k for k, _ in TEMPLATES], "source": "CPython standard library "
-               "train split (jspec.models.corpus), the target's own answers (3/4 greedy, "
+               "train split (jspec.training.corpus), the target's own answers (3/4 greedy, "
                "1/4 T = 0.8)", "answer_tokens": int(data["answer_lengths"].sum()),
                "window": args.window},
       "train_config": dataclasses.asdict(cfg), "steps": cfg.steps,

@@ -1,6 +1,6 @@
 """Training Medusa heads (`jspec.drafters.medusa`) for a frozen target by self-distillation.
 
-    python -m jspec.models.train_medusa --out checkpoints/code-medusa   # the shipped heads
+    python -m jspec.training.train_medusa --out checkpoints/code-medusa   # the shipped heads
 
 Each step reads B windows of T tokens from the corpus train split, runs the frozen
 target once over them (no cache, no gradient) and trains head k at position j to
@@ -45,7 +45,7 @@ import optax
 from jax import lax
 
 from jspec.drafters import medusa
-from jspec.models import corpus, trainer
+from jspec.training import corpus, trainer
 
 # The shipped run: about 10 minutes on 2 CPU cores (400k target tokens). A 60-step
 # pilot at batch 4 preferred a peak learning rate of 1e-2 over 1e-3, 3e-3 and 3e-2.
@@ -376,8 +376,8 @@ def _print_report(manifest: dict, top_k: int) -> None:
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.train_medusa`."""
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.train_medusa",
+  """Command line of `python -m jspec.training.train_medusa`."""
+  parser = argparse.ArgumentParser(prog="python -m jspec.training.train_medusa",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the heads and manifest.json")
   parser.add_argument("--target", default=None,
@@ -401,7 +401,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   from jspec.io import checkpoint
-  from jspec.models import shipped
+  from jspec.io import shipped
 
   if args.target is None:
     target_path, target_name = os.path.join(shipped.checkpoints_dir(), shipped.TARGET), \
@@ -410,7 +410,7 @@ def main(argv=None) -> int:
     target_path, target_name = args.target, os.path.basename(os.path.normpath(args.target))
   target = checkpoint.load(target_path, dtype="float32")
   words = sys.argv[1:] if argv is None else argv
-  command = ("python -m jspec.models.train_medusa " + " ".join(shlex.quote(a) for a in words))
+  command = ("python -m jspec.training.train_medusa " + " ".join(shlex.quote(a) for a in words))
   manifest = train_medusa(
       target, args.steps, args.batch, args.seq_len, args.lr, args.num_heads, args.seed,
       args.out, warmup=args.warmup, weight_decay=args.weight_decay, work=args.work,

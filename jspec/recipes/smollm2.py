@@ -1,6 +1,6 @@
 """Both trained drafters for SmolLM2-135M-Instruct, from local data, in one command.
 
-    python -m jspec.models.recipe_smollm2 [--out checkpoints] [--work .recipe/smollm2]
+    python -m jspec.recipes.smollm2 [--out checkpoints] [--work .recipe/smollm2]
         [--prompts 1024] [--eagle-steps 1200] [--draft-steps 1500]
 
 One shared data stage (the target's own answers to instruction prompts over the standard
@@ -18,12 +18,13 @@ import argparse
 import os
 import sys
 
-from jspec.models import recipe_draft, recipe_eagle3, shipped
+from jspec.io import shipped
+from jspec.recipes import smollm2_draft as recipe_draft, smollm2_eagle3 as recipe_eagle3
 
 
 def main(argv=None) -> int:
-  """Command line of `python -m jspec.models.recipe_smollm2`."""
-  parser = argparse.ArgumentParser(prog="python -m jspec.models.recipe_smollm2",
+  """Command line of `python -m jspec.recipes.smollm2`."""
+  parser = argparse.ArgumentParser(prog="python -m jspec.recipes.smollm2",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="checkpoints", help="folder for both drafters")
   parser.add_argument("--target", default=None,

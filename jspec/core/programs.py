@@ -1,0 +1,48 @@
+"""The compiled programs a decoding call runs: prefill, then the loop of rounds.
+
+Two programs, one per kind of loop: `fixed` (K static: `decode.decode_loop`) and
+`auto` (K chosen per round among `AutoK.choices`: `dynamic.decode_loop`). Each takes
+placed arrays and static settings and returns plain arrays; everything on the host
+(checks, buckets, placement, round costs, listeners) is `jspec.planner`'s. They are
+usable directly from jitted code's neighbourhood: `jspec.planner` is one caller.
+
+Returns (both): out [B, S] int32 new tokens left-aligned (-1 past each row's end),
+lengths [B] int32, stats (`DecodeStats`), records (`logprobs.output`, or None);
+`auto` adds rounds [len(choices)] int32, the rounds run at each K.
+"""
+
+from __future__ import annotations
+
+from jspec.core import compilation, decode, dynamic, logprobs
+
+
+def _records(state: decode.DecodeState):
+  if state.logprobs is None:
+    return None
+  return logprobs.output(state.logprobs, state.prompt_lengths, state.lengths)
+
+
+@compilation.program(static_argnames=("config",))
+def fixed(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
+          channel, config: decode.DecodeConfig):
+  """tokens [B, P] int32 right-padded prompts; prompt_lengths, max_new, seeds [B] int32;
+  params: `SamplingParams` or None (all greedy); eos_ids [E]; constraint:
+  `ConstraintRows` or None; channel [] int32 for `config.stream`."""
+  state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
+                            seeds, config, constraint)
+  state = decode.decode_loop(target, drafter, state, config, channel)
+  out, new_lengths = decode.output_tokens(state)
+  return out, new_lengths, state.stats, _records(state)
+
+
+@compilation.program(static_argnames=("config", "auto"))
+def auto(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
+         channel, costs, catch_up, config: decode.DecodeConfig, auto):
+  """As `fixed`, with costs [len(auto.choices)] f32 the round costs at each K and
+  catch_up [] f32 what one catch-up call of the drafter costs, in the same unit."""
+  state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
+                             seeds, costs, config, auto, constraint, catch_up)
+  state = dynamic.decode_loop(target, drafter, state, config, auto, channel)
+  out, new_lengths = decode.output_tokens(state.decode)
+  return (out, new_lengths, state.decode.stats, _records(state.decode),
+          state.schedule.rounds)
