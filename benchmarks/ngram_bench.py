@@ -40,6 +40,7 @@ import numpy as np
 
 import jspec
 from jspec.tools import costs
+from jspec.core.stats import ideal_speedup
 from jspec.core.drafter import DraftContext
 from jspec.drafters.ngram import NGram
 
@@ -195,7 +196,7 @@ def main(argv=None):
       base_time = result["baseline"][0]
       for name in variants:
         spec_time, tau = result[name]
-        ideal = costs.ideal_speedup(tau, args.k, t_step, t_verify, t_match / args.k)
+        ideal = ideal_speedup(tau, args.k, t_step, t_verify, t_match / args.k)
         print(f"{batch:>5}  {kind:<10} {name:<12} {tau:>5.2f}  {base_time * 1e3:>8.1f}  "
               f"{spec_time * 1e3:>8.1f}  {base_time / spec_time:>6.2f}x  {ideal:>5.2f}x")
   print("\nmatcher cost per round (NGram.propose jitted alone, cache length "

@@ -338,12 +338,12 @@ step, so the speedup approaches tau less the draft's cost. The shipped CPU model
 that (a 5-token verify costs about twice a step on a CPU), so expect a speedup near 1x there:
 the fallback shows exactness and acceptance, not speed.'''),
     code('''\
-from jspec.tools import costs
+from jspec.core.stats import acceptance_rates
 
 spec = outputs["speculative"]
 emitted = sum(int(o.lengths[0]) for o in spec)
 calls = sum(int(o.stats.target_calls[0]) for o in spec)
-rates = costs.acceptance_rates(sum(np.asarray(o.stats.accept_hist) for o in spec), emitted, calls)
+rates = acceptance_rates(sum(np.asarray(o.stats.accept_hist) for o in spec), emitted, calls)
 base_tokens = sum(int(o.lengths[0]) for o in outputs["baseline"])
 t_base, t_spec = (statistics.median(seconds[name]) for name in ("baseline", "speculative"))
 print(f"K = {K}: tau {rates['tau']:.2f} tokens per target call, acceptance alpha "
@@ -363,7 +363,7 @@ the residual of the two distributions.'''),
 sampled = jspec.speculative_generate(target, draft, [prompts[0]], num_draft_tokens=K,
                                      max_new_tokens=MAX_NEW, temperature=0.7, top_p=0.9, seed=0,
                                      mesh=MESH)
-rates = costs.acceptance_rates(sampled.stats.accept_hist, int(sampled.lengths[0]),
+rates = acceptance_rates(sampled.stats.accept_hist, int(sampled.lengths[0]),
                                int(sampled.stats.target_calls[0]))
 print(f"temperature 0.7, top-p 0.9, seed 0: tau {rates['tau']:.2f}, alpha {rates['alpha']:.2f}")
 print(tokenizer.decode(sampled.tokens[0]).rstrip())'''),
@@ -481,7 +481,7 @@ def acceptance(draft) -> dict:
   rows = np.any(np.asarray(out.tokens) != np.asarray(reference.tokens), axis=1)
   print("  speculative output identical to the target's own greedy output" if not rows.any()
         else f"  rows {np.flatnonzero(rows).tolist()} differ from the target's greedy output")
-  return costs.acceptance_rates(out.stats.accept_hist, int(np.sum(np.asarray(out.lengths))),
+  return acceptance_rates(out.stats.accept_hist, int(np.sum(np.asarray(out.lengths))),
                                 int(np.sum(np.asarray(out.stats.target_calls))))
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import jspec
 from jspec.core import compilation
-from jspec.planner import api
+from jspec.core import programs
 from tests.conftest import tiny_config
 
 
@@ -50,7 +50,7 @@ def test_the_options_change_no_output(target, close_draft):
   prompts = [[1, 2, 3, 4, 5]]
   outs = {}
   for options in (False, True):
-    with api._program.using(options):
+    with programs.fixed.using(options):
       outs[options] = (np.asarray(jspec.generate(target, prompts, max_new_tokens=12).tokens),
                        np.asarray(jspec.speculative_generate(target, close_draft, prompts,
                                                              num_draft_tokens=3,

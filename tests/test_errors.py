@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.planner import api
+from jspec.core import programs
 from conftest import tiny_config
 
 
@@ -45,7 +45,8 @@ def test_bad_input_rejected_before_tracing(small, name, kwargs, exc, message, mo
   def must_not_run(*args, **kw):
     raise AssertionError("the program was traced for bad input")
 
-  monkeypatch.setattr(api, "_program", must_not_run)
+  monkeypatch.setattr(programs, "fixed", must_not_run)
+  monkeypatch.setattr(programs, "auto", must_not_run)
   call = dict(prompts=[[1, 2, 3], [4]], num_draft_tokens=3, max_new_tokens=10)
   call.update(kwargs)
   prompts = call.pop("prompts")
@@ -54,13 +55,13 @@ def test_bad_input_rejected_before_tracing(small, name, kwargs, exc, message, mo
 
 
 def test_vocab_mismatch(small, other_vocab, monkeypatch):
-  monkeypatch.setattr(api, "_program", None)
+  monkeypatch.setattr(programs, "fixed", None)
   with pytest.raises(ValueError, match="draft vocab size 48 != target vocab size 64"):
     jspec.speculative_generate(small, other_vocab, [[1, 2]], max_new_tokens=4)
 
 
 def test_baseline_checks_too(small, monkeypatch):
-  monkeypatch.setattr(api, "_program", None)
+  monkeypatch.setattr(programs, "fixed", None)
   with pytest.raises(ValueError, match="cache_length 8 is too small"):
     jspec.generate(small, [[1, 2, 3]], max_new_tokens=5, cache_length=8)
   with pytest.raises(ValueError, match=r"prompt_lengths must lie in \[1, 3\]"):

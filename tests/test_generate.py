@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.planner import api
+from jspec.core import programs
 from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
 
 
@@ -179,7 +179,7 @@ def test_array_prompts_with_lengths(target):
 
 
 def test_no_recompile_within_buckets(target, close_draft):
-  program = api._program
+  program = programs.fixed
   jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=3,
                              max_new_tokens=10, temperature=[0.0, 0.9])
   size = program._cache_size()
@@ -210,13 +210,13 @@ def test_static_greedy_only_when_every_row_is_greedy(target, close_draft, monkey
   """api passes params=None (the argmax-only program) exactly when every row's
   temperature is 0; mixed and sampled batches keep per-row SamplingParams."""
   seen = []
-  program = api._program
+  program = programs.fixed
 
   def spy(target, drafter, tokens, lengths, max_new, params, *rest):
     seen.append(params)
     return program(target, drafter, tokens, lengths, max_new, params, *rest)
 
-  monkeypatch.setattr(api, "_program", spy)
+  monkeypatch.setattr(programs, "fixed", spy)
   prompts = [[1, 2, 3], [4, 5]]
   jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3, max_new_tokens=4)
   jspec.generate(target, prompts, max_new_tokens=4, temperature=[0.0, 0.0], top_k=3)

@@ -7,7 +7,8 @@ import pytest
 
 import jspec
 from conftest import ragged_prompts
-from jspec.tools import costs, measure
+from jspec.core.stats import acceptance_rates
+from jspec.tools import measure
 
 
 def test_position_acceptance_from_histogram():
@@ -15,7 +16,7 @@ def test_position_acceptance_from_histogram():
   hist = [10, 5, 3, 2]
   rates = measure.position_acceptance(hist)
   np.testing.assert_allclose(rates, [10 / 20, 5 / 10, 2 / 5])
-  overall = costs.acceptance_rates(hist, emitted=0, target_calls=1)
+  overall = acceptance_rates(hist, emitted=0, target_calls=1)
   # judged = 10*1 + 5*2 + 3*3 + 2*3 = 35, accepted = 5 + 6 + 6 = 17
   assert overall["alpha"] == pytest.approx(17 / 35)
   assert overall["draft_accept"] == pytest.approx(17 / (3 * 20))

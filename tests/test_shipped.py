@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jspec
-from jspec.tools import costs
+from jspec.core.stats import acceptance_rates
 from jspec.io import shipped
 from jspec.training import train
 
@@ -54,7 +54,7 @@ def test_distilled_draft_beats_text_draft_and_speculation_is_exact(target, heldo
     out = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=4,
                                      max_new_tokens=32, eos_id=())
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens))
-    rates[name] = costs.acceptance_rates(out.stats.accept_hist, int(np.sum(out.lengths)),
+    rates[name] = acceptance_rates(out.stats.accept_hist, int(np.sum(out.lengths)),
                                          int(np.sum(out.stats.target_calls)))["alpha"]
   # The manifests' figures come from 32 prompts x 128 tokens; this is a smaller probe.
   assert rates[shipped.DRAFT] > rates[shipped.DRAFT_TEXT], rates

@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @jax.tree_util.register_dataclass
@@ -63,3 +64,29 @@ def after_round(stats: DecodeStats, active, n, count, K: int) -> DecodeStats:
       row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(n, width + 1, dtype=jnp.int32),
       position_judged=stats.position_judged + judged.astype(jnp.int32),
   )
+
+
+def ideal_speedup(tau: float, k: int, t_step: float, t_verify: float, t_draft: float) -> float:
+  """tau * T_step / (T_verify + k * T_draft): the speedup the measured call costs allow."""
+  return tau * t_step / (t_verify + k * t_draft)
+
+
+def acceptance_rates(accept_hist, emitted: int, target_calls: int) -> dict:
+  """Acceptance figures from a run's `DecodeStats`.
+
+  accept_hist [K+1]: rounds by accepted count n. Returns
+    tau: tokens emitted per target call;
+    alpha: accepted drafts / drafts the target judged (a round that stopped at
+      n < K judged n + 1 drafts, one that accepted all K judged K): the per-token
+      acceptance rate of Leviathan et al., from which tau = (1 - a^(K+1)) / (1 - a);
+    draft_accept: accepted / proposed, E[n] / K.
+  """
+  hist = np.asarray(accept_hist)
+  K = hist.shape[0] - 1
+  n = np.arange(K + 1)
+  accepted = int(np.sum(hist * n))
+  judged = int(np.sum(hist * np.minimum(n + 1, K)))
+  rounds = int(np.sum(hist))
+  return {"tau": emitted / max(target_calls, 1),
+          "alpha": accepted / judged if judged else float("nan"),
+          "draft_accept": accepted / (K * rounds) if rounds and K else float("nan")}

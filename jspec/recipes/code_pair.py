@@ -287,12 +287,12 @@ def acceptance(target, draft, prompts: np.ndarray, k: int = ACCEPT_K,
   tau: tokens per target call; draft_accept: accepted / proposed (= E[n] / K).
   """
   import jspec
-  from jspec.tools import costs
+  from jspec.core.stats import acceptance_rates
 
   out = jspec.speculative_generate(target, draft, prompts.tolist(), num_draft_tokens=k,
                                    max_new_tokens=new_tokens, eos_id=())
   hist = np.asarray(out.stats.accept_hist)  # [K+1] rounds by accepted count
-  rates = costs.acceptance_rates(hist, int(np.sum(np.asarray(out.lengths))),
+  rates = acceptance_rates(hist, int(np.sum(np.asarray(out.lengths))),
                                  int(np.sum(np.asarray(out.stats.target_calls))))
   ref = jspec.generate(target, prompts.tolist(), max_new_tokens=new_tokens, eos_id=())
   return {"k": k, **{name: round(value, 4) for name, value in rates.items()},

@@ -97,7 +97,7 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
 
   import numpy as np
 
-  from jspec.planner import api
+  from jspec.core import compilation, programs
   from jspec.tools import bench_real, real_sections
 
   s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)
@@ -108,7 +108,7 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
   variants = {"without": False, "with CPU_OPTIONS": True}
 
   def run_all(cpu_options: bool):
-    with api._program.using(cpu_options):
+    with programs.fixed.using(cpu_options):
       return [np.asarray(call().tokens) for call in calls]
 
   answers = {name: run_all(v) for name, v in variants.items()}  # compiles both
@@ -120,7 +120,7 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
       t0 = time.perf_counter()
       run_all(variants[name])
       times[name].append(time.perf_counter() - t0)
-  report = {"tokens": tokens, "identical_answers": same, "options": api.compilation.CPU_OPTIONS,
+  report = {"tokens": tokens, "identical_answers": same, "options": compilation.CPU_OPTIONS,
             "times_s": times,
             "tokens_per_s": {n: tokens / statistics.median(t) for n, t in times.items()},
             "speedup_per_repeat": [a / b for a, b in zip(*times.values())]}

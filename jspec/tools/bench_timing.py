@@ -236,6 +236,7 @@ def device_report(target: Model, draft: Model, batches, ks, s: Settings,
                        overhead, which bounds measured / ideal.
   """
   from jspec.tools import costs
+  from jspec.core.stats import ideal_speedup
 
   vocab = target.vocab_size
   prompt = [int(x) for x in np.random.default_rng(0).integers(0, vocab, prompt_length)]
@@ -250,7 +251,7 @@ def device_report(target: Model, draft: Model, batches, ks, s: Settings,
     row = {"step_ms": step * 1e3, "draft_over_step": t_draft / step,
            "verify_over_step": {str(k): v / step for k, v in verify.items()},
            "breakeven_tau": {str(k): (verify[k] + k * t_draft) / step for k in ks},
-           f"ideal_at_alpha_{alpha}": {str(k): costs.ideal_speedup(tau[k], k, step, verify[k],
+           f"ideal_at_alpha_{alpha}": {str(k): ideal_speedup(tau[k], k, step, verify[k],
                                                                   t_draft) for k in ks}}
     prompts = [prompt] * B
     loop_step = loop_round_time(target, None, prompts, 0, new_tokens=4 * 64, repeats=5)

@@ -116,7 +116,7 @@ def real_demo(args, path: str) -> int:
 
   import jspec
   from jspec.planner import call_times
-  from jspec.tools import costs
+  from jspec.core.stats import acceptance_rates
 
   t_start = time.perf_counter()
   progress = Progress()
@@ -185,7 +185,7 @@ def real_demo(args, path: str) -> int:
     tokens = sum(r["tokens"] for r in sel)
     calls = sum(r["calls"] for r in sel)
     hist = _sum_hists([r["hist"] for r in sel])
-    rates = costs.acceptance_rates(hist, tokens, calls)
+    rates = acceptance_rates(hist, tokens, calls)
     t_base = sum(r["t_base"] for r in sel)
     t_spec = sum(r["t_spec"] for r in sel)
     print(f"{kind:10s} {tokens:7d} {rates['tau']:5.2f} {rates['alpha']:7.2f} "
@@ -289,7 +289,7 @@ def shipped_demo(args) -> int:
   emitted = sum(int(o.lengths[0]) for o in spec_outs)
   calls = sum(int(o.stats.target_calls[0]) for o in spec_outs)
   hist = sum(np.asarray(o.stats.accept_hist) for o in spec_outs)
-  rates = costs.acceptance_rates(hist, emitted, calls)
+  rates = acceptance_rates(hist, emitted, calls)
   S = cache_bucket(max(len(p) for p in prompts) + N + K + 1)
   t_plain, t_round = profile.call_costs(target, jspec.DraftModel(draft), 1, S, (0, K))
   ideal = rates["tau"] * t_plain / t_round

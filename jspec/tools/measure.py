@@ -9,7 +9,7 @@ speculative runs interleaved:
 
   * acceptance per draft position i = 1..K: of the rounds whose drafts 1..i-1
     were all accepted, the fraction that also accepted draft i; and overall
-    (alpha = accepted / judged, see `costs.acceptance_rates`);
+    (alpha = accepted / judged, see `jspec.core.stats.acceptance_rates`);
   * tau = tokens emitted / target calls;
   * per-call costs: a target step (1 token), a target verify (K+1 tokens) and
     one drafter round (K drafts), each jitted alone at the same batch size;
@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.tools import costs
+
+from jspec.core.stats import acceptance_rates, ideal_speedup
 from jspec.tools import latency as lat
 from jspec.planner.api import cache_bucket, generate, speculative_generate
 from jspec.drafters.draft_model import DraftModel
@@ -189,7 +191,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
     hist = sum(np.asarray(o.stats.accept_hist, np.int64) for o in outs[k])
     emitted = sum(int(np.sum(np.asarray(o.lengths))) for o in outs[k])
     calls = sum(int(np.sum(np.asarray(o.stats.target_calls))) for o in outs[k])
-    rates = costs.acceptance_rates(hist, emitted, calls)
+    rates = acceptance_rates(hist, emitted, calls)
     t_verify = costs.call_time(target, len(groups[0]), verify_width(drafter, k), S,
                                prefix=prefix)
     # A branch drafter (lookahead) drafts by lookups; its work is the verify's extra rows.
@@ -203,7 +205,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
         "draft_accept": rates["draft_accept"], "position_acceptance": position_acceptance(hist),
         "accept_hist": hist.tolist(), "t_verify_ms": t_verify * 1e3,
         "t_draft_round_ms": t_round * 1e3,
-        "predicted_speedup": costs.ideal_speedup(rates["tau"], 1, t_step, t_verify, t_round),
+        "predicted_speedup": ideal_speedup(rates["tau"], 1, t_step, t_verify, t_round),
         "measured_speedup": base_time / spec_time, "tokens_per_s": emitted / spec_time,
         "equal_to_baseline": same if temperature == 0 else None,
         "per_prompt": per_prompt(outs[k]),

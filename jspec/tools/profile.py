@@ -22,8 +22,19 @@ import jax.numpy as jnp
 from jspec.core import decode
 from jspec.planner import call_times, cost_model
 from jspec.core.drafter import DraftContext
+from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 from jspec.core.schedule import AutoK, monotone
+
+
+def _prepared(obj):
+  """A model, a drafter or a (target, drafter) pair as the programs run them (the pair's
+  parts are prepared where they are used)."""
+  if isinstance(obj, tuple):
+    return obj
+  if isinstance(obj, Model):
+    return obj.prepared()
+  return prepared_drafter(obj)
 
 
 def _interleaved_times(fns: dict, models, carries: dict, calls: int, repeats: int) -> dict:
@@ -45,7 +56,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
   from jspec.core import sampling  # local: keeps the module's import surface small
 
   B, S = batch, cache_length
-  obj = decode.prepared(obj)  # as the decoding loops run it
+  obj = _prepared(obj)  # as the decoding loops run it
   start = jnp.full((B,), prefix, jnp.int32)
   lengths = start + 1
   # Random ids, not a constant: an n-gram matcher's work depends on what it scans.
@@ -63,7 +74,7 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         lambda t, d: decode.init_state(t, d, tokens, lengths, jnp.full((B,), S, jnp.int32),
                                        params, jnp.full((1,), -1, jnp.int32),
                                        jnp.arange(B, dtype=jnp.int32), config))(target, drafter)
-    target, drafter = decode.prepared(target), decode.prepared(drafter)
+    target, drafter = decode.prepared(target, drafter)
     for k in ks:
       def whole_round(models, state, i, k=k):
         # Every round starts from the same committed length (moved by i % 2 so the

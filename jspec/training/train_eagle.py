@@ -283,10 +283,11 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
   prefix, n = the drafts' matching run, L += n + 1. The target's features come
   from one forward pass over prompt + continuation (what the verify calls
   compute, up to float rounding). Returns tau (tokens per target call), alpha,
-  draft_accept and the histogram, as `jspec.tools.costs.acceptance_rates`.
+  draft_accept and the histogram, as `jspec.core.stats.acceptance_rates`.
   """
   import jspec
   from jspec.tools import costs
+  from jspec.core.stats import acceptance_rates
 
   prompts = np.asarray(prompts, np.int32)
   N, P = prompts.shape
@@ -328,7 +329,7 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
       emitted[b] += count[b]
     fs = np.where(active, L - 1, fs)
     L = np.where(active, L + count, L)
-  rates = costs.acceptance_rates(hist, int(emitted.sum()), int(calls.sum()))
+  rates = acceptance_rates(hist, int(emitted.sum()), int(calls.sum()))
   return {"k": k, **{name: round(value, 4) for name, value in rates.items()},
           "accept_hist": hist.tolist(), "prompts": int(N), "prompt_tokens": int(P),
           "new_tokens": new_tokens, "method": "replay of greedy rounds through Eagle.propose"}
@@ -345,7 +346,7 @@ def engine_acceptance(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCE
   out = jspec.speculative_generate(target, eagle, np.asarray(prompts).tolist(),
                                    max_new_tokens=new_tokens, eos_id=(), **kwargs)
   hist = np.asarray(out.stats.accept_hist)
-  rates = costs.acceptance_rates(hist, int(np.sum(np.asarray(out.lengths))),
+  rates = acceptance_rates(hist, int(np.sum(np.asarray(out.lengths))),
                                  int(np.sum(np.asarray(out.stats.target_calls))))
   ref = jspec.generate(target, np.asarray(prompts).tolist(), max_new_tokens=new_tokens, eos_id=())
   result = {"k": int(hist.shape[0] - 1), **{n: round(v, 4) for n, v in rates.items()},
