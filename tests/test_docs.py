@@ -38,7 +38,6 @@ MODULES = (
     "jspec.tools.bench_timing",
     "jspec.core.drafter",
     "jspec.core.dynamic_tree",
-    "jspec.drafters.eagle_io",
     "jspec.io.draft_checkpoint",
     "jspec.tools.bench_assisted",
     "jspec.tools.measure",

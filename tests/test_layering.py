@@ -1,94 +1,282 @@
-"""The layering docs/architecture.md draws holds:
+"""The layering docs/architecture.md draws holds, read from the source of every module
+of `jspec/` and `models/` (imports inside functions included; nothing is imported):
 
-    jspec.core      imports none of jspec.drafters, jspec.io, jspec.tools, jspec.models
-                    (but its entry points, core/api.py, wrap a Model draft in DraftModel)
-    jspec.drafters  imports jspec.core only (never io, tools or the model zoo)
-    jspec.io        anything but jspec.tools
-    jspec.tools     anything
+    jspec.recipes    anything
+    jspec.tools      all below
+    jspec.training   all below
+    jspec.io         planner, models, drafters, core
+    jspec.planner    drafters, core
+    jspec.drafters   core            jspec.models   core
+    jspec.core       nothing of jspec
 
-The engine and the drafters reach a model only through the model contract
-(`jspec.Model`: apply, init_cache and the optional prepare, axes and head functions),
-so any architecture that follows the contract works with every drafter. The check
-reads the source (no import), so it also sees imports made inside functions.
+No module imports one of a layer above its own, no two modules import each other,
+directly or around a longer cycle, and no module imports another's private names.
+Importing `jspec.core.decode` loads the engine alone (not flax, not any layer above).
+`jspec/core` does no timing and no file I/O and keeps no state between calls.
 """
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "jspec"
-LAYERS = ("core", "drafters", "io", "tools", "models")
-FORBIDDEN = {
-    "core": {"drafters", "io", "tools", "models"},
-    "drafters": {"io", "tools", "models"},
-    "io": {"tools"},
-    "tools": set(),
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# What each layer may import (besides itself).
+ALLOWED = {
+    "core": set(),
+    "drafters": {"core"},
+    "models": {"core"},
+    "planner": {"core", "drafters"},
+    "io": {"core", "drafters", "models", "planner"},
+    "training": {"core", "drafters", "models", "planner", "io"},
+    "tools": {"core", "drafters", "models", "planner", "io", "training"},
+    "recipes": {"core", "drafters", "models", "planner", "io", "training", "tools"},
 }
 
 
-def layer_imports(source: str, forbidden: set[str]) -> list[str]:
-  """Lines of `source` that import (or reach through `jspec.<layer>`) a forbidden layer."""
-  bad = lambda name: name in forbidden
-  found = []
-  for node in ast.walk(ast.parse(source)):
-    if isinstance(node, ast.Import):
-      for a in node.names:
-        parts = a.name.split(".")
-        if parts[0] == "jspec" and len(parts) > 1 and bad(parts[1]):
-          found.append(f"{node.lineno}: import {a.name}")
-    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-      parts = node.module.split(".")
-      if parts[0] == "jspec" and len(parts) > 1 and bad(parts[1]):
-        found.append(f"{node.lineno}: from {node.module} import ...")
-      elif node.module == "jspec":
-        found += [f"{node.lineno}: from jspec import {a.name}" for a in node.names if bad(a.name)]
-    elif (isinstance(node, ast.Attribute) and bad(node.attr)
-          and isinstance(node.value, ast.Name) and node.value.id == "jspec"):
-      found.append(f"{node.lineno}: jspec.{node.attr}")
+def all_modules() -> dict[str, pathlib.Path]:
+  """Dotted name -> file, for every module of the installed namespace."""
+  found = {"jspec": REPO / "jspec" / "__init__.py"}
+  for layer in ALLOWED:
+    folder = REPO / ("models" if layer == "models" else f"jspec/{layer}")
+    for path in sorted(folder.glob("*.py")):
+      name = f"jspec.{layer}" if path.stem == "__init__" else f"jspec.{layer}.{path.stem}"
+      found[name] = path
   return found
 
 
-# The one module that may reach one layer up, and what for.
-EXCEPTIONS = {("core", "api.py"): {"drafters"}}  # speculative_generate(draft=Model) -> DraftModel
+def imports(source: str, package: str, known) -> list[tuple[int, str, tuple[str, ...]]]:
+  """(line, module, names) for each import of a jspec module in `source`; names are
+  what a `from` import takes from it. `package`: the importing module's package, for
+  relative imports. Attribute chains `jspec.x.y` count as imports of `jspec.x.y`."""
+  found, inner = [], set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == "jspec"]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      if base.split(".")[0] != "jspec":
+        continue
+      for a in node.names:  # `from jspec.core import decode` imports a module
+        sub = f"{base}.{a.name}"
+        if sub in known:
+          found.append((node.lineno, sub, ()))
+        else:
+          found.append((node.lineno, base, (a.name,)))
+    elif isinstance(node, ast.Attribute) and id(node) not in inner:
+      chain = []
+      value = node
+      while isinstance(value, ast.Attribute):
+        chain.append(value.attr)
+        inner.add(id(value.value))  # the chain's shorter prefixes are this same use
+        value = value.value
+      if isinstance(value, ast.Name) and value.id == "jspec" and chain:
+        found.append((node.lineno, "jspec." + ".".join(reversed(chain)), ()))
+  return sorted(found, key=lambda f: f[0])
 
 
-def modules(layer: str) -> list[pathlib.Path]:
-  return sorted((ROOT / layer).glob("*.py"))
+def private_uses(source: str, package: str, known) -> list[tuple[int, str]]:
+  """(line, "module._name") for each private name read through an imported jspec module
+  (`from jspec.tools import bench_timing` ... `bench_timing.row`)."""
+  tree = ast.parse(source)
+  aliases = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      for a in node.names:
+        if f"{base}.{a.name}" in known:
+          aliases[a.asname or a.name] = f"{base}.{a.name}"
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.asname and a.name in known:
+          aliases[a.asname] = a.name
+  return [(node.lineno, f"{aliases[node.value.id]}.{node.attr}") for node in ast.walk(tree)
+          if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id in aliases and node.attr.startswith("_")
+          and not node.attr.startswith("__")]
+
+
+def layer_of(module: str) -> str | None:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def owner(module: str, known) -> str:
+  """The longest known module that `module` names (an attribute chain may go past it)."""
+  parts = module.split(".")
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in known:
+      return ".".join(parts[:n])
+  return module
+
+
+def graph():
+  known = all_modules()
+  edges: dict[str, set[str]] = {m: set() for m in known}
+  problems = []
+  for name, path in known.items():
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
+    for line, target, names in imports(path.read_text(), package, known):
+      target = owner(target, known)
+      if target == name:
+        continue
+      where = f"{path.relative_to(REPO)}:{line}"
+      mine, theirs = layer_of(name), layer_of(target)
+      if mine and theirs and theirs != mine and theirs not in ALLOWED[mine]:
+        problems.append(f"{where}: {name} ({mine}) imports {target} ({theirs})")
+      if name != "jspec" and target == "jspec" and not set(names) <= {"__version__"}:
+        problems.append(f"{where}: {name} imports {names} through the top-level jspec")
+      for n in names:
+        if n.startswith("_") and not n.startswith("__"):
+          problems.append(f"{where}: {name} imports the private name {target}.{n}")
+      if target in known and target != "jspec":
+        edges[name].add(target)
+    for line, used in private_uses(path.read_text(), package, known):
+      problems.append(f"{path.relative_to(REPO)}:{line}: {name} reads the private name {used}")
+  return known, edges, problems
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+  counter = [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in edges[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  sys.setrecursionlimit(10000)
+  for v in edges:
+    if v not in index:
+      visit(v)
+  return out
 
 
 def test_the_check_sees_every_way_in():
-  """Planted violations are found (top-level and inside a function); clean code is not."""
-  bad = ("import jax\nfrom jspec.models import transformer\nimport jspec.tools.bench as b\n"
-         "def f():\n  from jspec import models, core\n  import jspec\n"
-         "  return jspec.drafters.ngram\n")
-  assert [line.split(":")[0] for line in layer_imports(bad, FORBIDDEN["core"])] == \
-      ["2", "3", "5", "7"]
-  assert layer_imports(bad, FORBIDDEN["tools"]) == []
-  assert layer_imports("from jspec.core import nn, sampling\nfrom jspec.core.model import "
-                       "Model\n", FORBIDDEN["core"]) == []
+  """Planted imports are found: top level, inside a function, relative, attribute chains,
+  private names; a planted cycle is found."""
+  known = {"jspec.core", "jspec.core.decode", "jspec.tools", "jspec.tools.bench",
+           "jspec.drafters", "jspec.drafters.ngram"}
+  src = ("import jax\nfrom jspec.tools import bench\nimport jspec.tools.bench as b\n"
+         "def f():\n  from . import decode\n  import jspec\n  return jspec.drafters.ngram.x\n"
+         "from jspec.core.decode import _private\n")
+  found = imports(src, "jspec.core", known)
+  assert [(line, owner(m, known)) for line, m, _ in found] == [
+      (2, "jspec.tools.bench"), (3, "jspec.tools.bench"), (5, "jspec.core.decode"),
+      (6, "jspec"), (7, "jspec.drafters.ngram"), (8, "jspec.core.decode")]
+  assert found[-1][2] == ("_private",)
+  assert private_uses("from jspec.tools import bench\nimport jspec.core.decode as d\n"
+                      "x = bench._row(d._go, bench.row)\n", "jspec.tools", known) == [
+                          (3, "jspec.tools.bench._row"), (3, "jspec.core.decode._go")]
+  assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_every_module_is_in_a_layer():
-  assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py"]
-  assert {p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__"} == \
-      set(LAYERS) - {"models"}
-  names = {p.stem for p in modules("core")} | {p.stem for p in modules("drafters")}
-  assert {"api", "decode", "acceptance", "sampling", "eagle", "medusa", "ngram",
-          "draft_model", "nn", "model"} <= names
+  """Every Python file of jspec/ and models/ is in the graph, and every layer has modules."""
+  known = all_modules()
+  files = {p for p in (REPO / "jspec").rglob("*.py")} | set((REPO / "models").glob("*.py"))
+  assert files == set(known.values())
+  assert {layer_of(m) for m in known} - {None} == set(ALLOWED)
+  assert {"jspec.core.decode", "jspec.planner.api", "jspec.models.transformer",
+          "jspec.training.trainer", "jspec.recipes.smollm2"} <= set(known)
 
 
-@pytest.mark.parametrize("path", [p for layer in FORBIDDEN for p in modules(layer)],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_no_module_imports_a_layer_above_its_own(path):
-  allowed = EXCEPTIONS.get((path.parent.name, path.name), set())
-  found = layer_imports(path.read_text(), FORBIDDEN[path.parent.name] - allowed)
-  assert not found, f"jspec/{path.parent.name}/{path.name} imports across layers: {found}"
+def test_no_upward_import_no_private_names():
+  _, _, problems = graph()
+  assert not problems, "\n".join(problems)
 
 
-def test_modules_stay_small():
-  """One concern per module: none above 400 lines (split it when it grows past)."""
-  sizes = {f"{p.parent.name}/{p.name}": len(p.read_text().splitlines())
-           for layer in FORBIDDEN for p in modules(layer)}
-  assert len(sizes) > 50
-  assert not {name: n for name, n in sizes.items() if n > 400}
+def test_no_import_cycle():
+  _, edges, _ = graph()
+  found = cycles(edges)
+  assert not found, f"modules that import each other: {found}"
+
+
+def test_the_engine_loads_alone():
+  """`import jspec.core.decode` loads no module of drafters, models, planner, io,
+  training, tools or recipes, and not flax."""
+  code = ("import sys, jspec.core.decode, jspec.core.programs\n"
+          "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('jspec.', 'flax')))))")
+  loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=REPO).stdout.split()
+  assert "jspec.core.decode" in loaded
+  above = [m for m in loaded if m.startswith("flax") or layer_of(m) not in (None, "core")]
+  assert not above, above
+
+
+# What the engine may not do. Timing and file I/O belong to the planner and the tools;
+# state kept between calls (caches, listeners) to the planner.
+FORBIDDEN_MODULES = {"time", "os", "pathlib", "shutil", "tempfile", "threading", "platform",
+                     "pickle", "io", "glob", "weakref", "timeit", "functools.lru_cache"}
+FORBIDDEN_CALLS = {"open", "perf_counter", "lru_cache", "cache", "block_until_ready"}
+
+
+def engine_findings(source: str) -> list[str]:
+  """Timing, file I/O and module-level mutable state in one module's source."""
+  tree = ast.parse(source)
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [f"{node.lineno}: import {a.name}" for a in node.names
+                if a.name.split(".")[0] in FORBIDDEN_MODULES]
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      if node.module.split(".")[0] in FORBIDDEN_MODULES:
+        found.append(f"{node.lineno}: from {node.module} import ...")
+    elif isinstance(node, ast.Call):
+      fn = node.func
+      name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+      if name in FORBIDDEN_CALLS:
+        found.append(f"{node.lineno}: calls {name}")
+    elif isinstance(node, (ast.Global, ast.Nonlocal)) and isinstance(node, ast.Global):
+      found.append(f"{node.lineno}: global {', '.join(node.names)}")
+  mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+  for node in tree.body:  # module level: state that outlives a call
+    value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+    if value is None:
+      continue
+    if isinstance(value, mutable) or (
+        isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+        and value.func.id in {"dict", "list", "set", "defaultdict", "OrderedDict"}):
+      found.append(f"{node.lineno}: module-level mutable {ast.unparse(node).split('=')[0]}")
+  return found
+
+
+def test_the_engine_check_sees_what_it_forbids():
+  src = ("import time\nfrom os import path\n_MEMO = {}\nTABLE: dict = dict()\nX = (1, 2)\n"
+         "def f():\n  global _MEMO\n  with open('x') as fh:\n    return time.perf_counter()\n")
+  assert [f.split(":")[0] for f in engine_findings(src)] == ["1", "2", "7", "8", "9", "3", "4"]
+  assert engine_findings("import jax\nCHOICES = (0, 1)\nNAMES = frozenset({'a'})\n") == []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "jspec" / "core").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_engine_keeps_no_state_times_nothing_reads_no_files(path):
+  found = engine_findings(path.read_text())
+  assert not found, f"jspec/core/{path.name}: {found}"

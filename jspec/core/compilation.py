@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 
 import jax
 
 # XLA options jspec's programs compile with on the CPU backend (module docstring).
-CPU_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+CPU_OPTIONS = types.MappingProxyType({"xla_cpu_copy_insertion_use_region_analysis": True})
 
 
 class Program:
@@ -27,7 +28,7 @@ class Program:
 
   def __init__(self, fn, **jit_kwargs):
     self._plain = jax.jit(fn, **jit_kwargs)
-    self._cpu = jax.jit(fn, compiler_options=CPU_OPTIONS, **jit_kwargs)
+    self._cpu = jax.jit(fn, compiler_options=dict(CPU_OPTIONS), **jit_kwargs)
     self._forced = None
     functools.update_wrapper(self, fn)
 

@@ -35,7 +35,7 @@ import numpy as np
 # after it is the pattern's own start. See `_index` for why.
 _SENTINEL = b"\x00"
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-_DECODER_STEPS = {"ByteLevel", "Replace", "Metaspace", "ByteFallback", "Fuse", "Strip"}
+_DECODER_STEPS = frozenset({"ByteLevel", "Replace", "Metaspace", "ByteFallback", "Fuse", "Strip"})
 
 
 @jax.tree_util.register_dataclass

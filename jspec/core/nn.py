@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import ClassVar
 
 import jax
@@ -134,11 +135,11 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, scaling=None) -> jax.
 
 # ----------------------------------------------------------------------------- MLPs
 
-ACTIVATIONS = {
+ACTIVATIONS = types.MappingProxyType({
     "silu": jax.nn.silu,
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-}
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,9 +318,9 @@ def step_attention(q, k_cache, v_cache, k_new, v_new, visible, scale: float,
   return out.astype(v_cache.dtype).reshape(B, 1, H, Dh)
 
 
-OPTION_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (
+OPTION_TYPES = types.MappingProxyType({cls.__dataclass_fields__["kind"].default: cls for cls in (
     RMSNorm, LayerNorm, Llama3Scaling, LinearScaling, Rotary, Learned, GatedMLP, DenseMLP,
-    KVLayout)}
+    KVLayout)})
 
 
 def option_from_dict(value):

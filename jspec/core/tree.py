@@ -195,7 +195,6 @@ class Tree:
     return float(value.sum())
 
 
-@functools.lru_cache(maxsize=None)
 def with_side(tree: Tree, side: Tree) -> tuple[np.ndarray, np.ndarray]:
   """The verify block of a tree plus a side branch under the same root (a
   `BranchDrafter`'s): bool [N+M, N+M] visibility and int32 [N+M] depths, side node i

@@ -28,15 +28,22 @@ catch-up replaces those with the target's own.
 
 Tree rounds (`propose_tree`, `propose_dynamic`) run the same catch-up, then draft
 level by level (`jspec.drafters.eagle_tree`).
+
+On disk (`save_eagle`, `load_eagle`): params/ (orbax) and eagle_config.json with the
+head's config, the reduced vocabulary it drafts over (if any) and free-form meta.
+Loading checks the config, the fit to the target and every tensor's shape before
+reading a tensor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jspec.core import nn as layers
@@ -46,8 +53,11 @@ from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.drafters import eagle_tree
 # The head's config, params and layer (eagle_head); EagleConfig and init_params are public here.
+from jspec.drafters import params_io
+# The head's configuration, params and layers; its names are this module's too
+# (`eagle.EagleConfig`, `eagle.init_params`, ...), the drafter's public face.
 from jspec.drafters.eagle_head import (  # noqa: F401
-    EagleConfig, _causal, _forward, check_params, init_params, param_shapes,
+    EagleConfig, causal_visibility, check_params, forward, init_params, param_shapes,
     target_head)
 
 FORMAT = "jspec-eagle"
@@ -183,7 +193,7 @@ class Eagle:
     [B, T, T] (cache None: attention inside the block only, for training).
     Returns predicted features [B, T, D] and the cache.
     """
-    return _forward(self.config, params, features, self.embed_tokens(tokens), cache, slots,
+    return forward(self.config, params, features, self.embed_tokens(tokens), cache, slots,
                     positions, visible)
 
   # ------------------------------------------------------------------ drafter protocol
@@ -209,7 +219,7 @@ class Eagle:
     with jax.named_scope("eagle_prefill"):
       _, cache = self.forward(self.params, feats,
                               tokens.astype(jnp.int32), cache, slots, slots,
-                              _causal(slots, cache_length))
+                              causal_visibility(slots, cache_length))
     return cache
 
   def _catch_up(self, cache, context):
@@ -239,7 +249,7 @@ class Eagle:
     toks = jnp.take_along_axis(context.tokens, jnp.clip(slots, 0, S_tok - 1), axis=1)
     with jax.named_scope("eagle_catch_up"):
       out, cache = self.forward(self.params, f_in, toks, cache, slots,
-                                slots, _causal(slots, cache["k"].shape[3]))
+                                slots, causal_visibility(slots, cache["k"].shape[3]))
     at = jnp.clip(L - 1 - start, 0, F - 1)
     f_last = jnp.take_along_axis(out, at[:, None, None], axis=1)[:, 0]  # f^_{L-1} [B, D]
     return f_last, cache
@@ -278,7 +288,7 @@ class Eagle:
         cache, f_prev, token = carry
         slot = (L - 1 + i)[:, None]  # [B, 1]
         out, cache = self.forward(self.params, f_prev[:, None], token[:, None], cache, slot, slot,
-                                  _causal(slot, S))
+                                  causal_visibility(slot, S))
         f = out[:, 0]
         d, q = draw(f, i)
         return (cache, f, d), (d, q)
@@ -306,6 +316,75 @@ class Eagle:
 
 # ----------------------------------------------------------------------------- save / load
 
-# In eagle_io (kept apart for size); imported here so `eagle.save_eagle` etc. keep working.
-from jspec.drafters.eagle_io import (  # noqa: E402,F401
-    load_eagle, read_config, read_draft_ids, save_eagle)
+
+def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | None = None,
+               dtype=None) -> None:
+  """Write an EAGLE head into `path` (new or empty): params/ (orbax) and eagle_config.json.
+
+  params: an `Eagle` (its head params and config are saved) or a head-params dict
+  together with its `config`.
+  meta: JSON-ready extra information kept in the config file.
+  dtype: cast floating-point params to this dtype on disk (e.g. "bfloat16").
+  The config file is written last (`jspec.drafters.params_io`): a directory without it never loads.
+  """
+  ids = None
+  if isinstance(params, Eagle):
+    config = params.config if config is None else config
+    ids = None if params.ids is None else np.asarray(params.ids).tolist()
+    params = params.params
+  if not isinstance(params, dict):
+    raise TypeError(f"save_eagle takes an Eagle or a head-params dict, got "
+                    f"{type(params).__name__}")
+  if config is None:
+    raise ValueError("save_eagle needs config= (an EagleConfig) with a bare params dict: the "
+                     "vocabulary size and constants are not in the shapes")
+  check_params(params, config)
+  if dtype is not None:
+    dt = jnp.dtype(dtype)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x).astype(dt), params)
+  params_io.save_dir(path, PARAMS_DIR, params, CONFIG_FILE,
+                     {"format": FORMAT, "version": FORMAT_VERSION, "config": config.to_dict(),
+                      "meta": meta or {}, **({"draft_ids": ids} if ids is not None else {})})
+
+
+def read_config(path) -> tuple[EagleConfig, dict]:
+  """The `EagleConfig` and meta dict of a saved head, checked."""
+  path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "EAGLE head")
+  config_path = os.path.join(path, CONFIG_FILE)
+  if not isinstance(meta.get("config"), dict):
+    raise ValueError(f"{config_path}: missing field 'config'")
+  try:
+    config = EagleConfig.from_dict(meta["config"])
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{config_path}: invalid EAGLE config: {e}") from e
+  return config, meta.get("meta") or {}
+
+
+def read_draft_ids(path) -> np.ndarray | None:
+  """The reduced vocabulary a saved head drafts over (`Eagle.reduced`), or None: all ids."""
+  path, meta = params_io.open_dir(path, CONFIG_FILE, FORMAT, FORMAT_VERSION, "EAGLE head")
+  ids = meta.get("draft_ids")
+  return None if ids is None else np.asarray(ids, np.int32)
+
+
+def load_eagle(path, target: Model, dtype="float32") -> Eagle:
+  """An `Eagle` for `target` from a directory written by `save_eagle`.
+
+  Checks, before reading any tensor: the config file, that the head fits the
+  target (hidden size and vocabulary), and every stored tensor's shape. A head saved
+  with a reduced vocabulary comes back reduced to the same ids.
+  dtype: floating-point params are cast to it (default f32; None keeps stored).
+  """
+  config, _ = read_config(path)
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  embed, _ = target_head(target)  # a clear error for a target without an output head
+  V, D = embed.shape
+  if config.hidden_size != D or config.vocab_size != V:
+    raise ValueError(f"EAGLE head in {path} was made for hidden size {config.hidden_size} and "
+                     f"vocab {config.vocab_size}; the target has hidden size {D} "
+                     f"and vocab {V}")
+  params = params_io.restore_checked(os.path.join(path, PARAMS_DIR), param_shapes(config), dtype,
+                                     "params", CONFIG_FILE)
+  eagle = Eagle.from_target(target, params, config)
+  ids = read_draft_ids(path)  # saved with a reduced-vocabulary head: it drafts over them again
+  return eagle if ids is None else eagle.reduced(ids)

@@ -173,13 +173,13 @@ def target_head(target: Model) -> tuple[jax.Array, jax.Array | None]:
 # ----------------------------------------------------------------------------- the layer
 
 
-def _causal(slots: jax.Array, length: int) -> jax.Array:
+def causal_visibility(slots: jax.Array, length: int) -> jax.Array:
   """visible [B, T, S]: each pair sees every slot up to its own (prefix and earlier block)."""
   s = jnp.arange(length, dtype=jnp.int32)[None, None, :]
   return s <= slots[:, :, None]
 
 
-def _tree_visibility(root: jax.Array, anc_rows: jax.Array, length: int) -> jax.Array:
+def tree_visibility(root: jax.Array, anc_rows: jax.Array, length: int) -> jax.Array:
   """visible [B, T, S] for tree nodes: the committed prefix (slots < root) and ancestors.
 
   root [B] slot of node 0; anc_rows bool [T, N], row t: which nodes the t-th fed
@@ -204,7 +204,7 @@ def _write(buffer, new, slots, axis: int):
   return jax.vmap(one)(buffer, new, slots)
 
 
-def _forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
+def forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
   c = config
   norm = layers.RMSNorm()
   w = params["layer"]

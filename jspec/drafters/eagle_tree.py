@@ -17,7 +17,7 @@ import numpy as np
 from jspec.core import dynamic_tree
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import top_ranked
-from jspec.drafters.eagle_head import _tree_visibility
+from jspec.drafters.eagle_head import tree_visibility
 
 
 def propose_tree(head, cache, context, tree):
@@ -72,7 +72,7 @@ def propose_tree(head, cache, context, tree):
       t_in = jnp.stack([tokens[i] for i in expanding], axis=1)  # [B, T]
       slots = root[:, None] + jnp.asarray(idx)[None, :]  # [B, T]
       positions = root[:, None] + jnp.asarray(depths[idx].astype(np.int32))[None, :]
-      visible = _tree_visibility(root, anc[idx], S)
+      visible = tree_visibility(root, anc[idx], S)
       out, cache = head.forward(head.params, f_in, t_in, cache, slots, positions, visible)
       for col, i in enumerate(expanding):
         feats[i] = out[:, col]

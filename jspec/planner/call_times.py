@@ -140,7 +140,7 @@ def _times(model, batch: int, blocks, cache_length: int, cache_dir: str | None
   extends `<cache_dir>/calls.json`; times only what it lacks, in one set of turns."""
   path = cost_model.cache_path(cache_dir, "calls.json")
   table = cost_model.read_table(path)
-  base = [cost_model.machine(), cost_model._fingerprint(model), batch, cache_length, VERSION]
+  base = [cost_model.machine(), cost_model.fingerprint(model), batch, cache_length, VERSION]
   key = lambda t: json.dumps(base + [t])
   missing = [t for t in blocks if key(t) not in table]
   if missing:

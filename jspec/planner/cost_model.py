@@ -139,7 +139,7 @@ def per_object(table: dict, obj, make):
   return value
 
 
-def _fingerprint(obj) -> Any:
+def fingerprint(obj) -> Any:
   """Shapes, dtypes and static settings of a model or drafter (not its values).
 
   The same in every process: a model's functions are static fields whose repr carries
@@ -192,7 +192,7 @@ def read_table(path: str) -> dict:
 def profile_key(role: str, obj, batch: int, cache_length: int, greedy: bool,
                 filtered: bool) -> str:
   """The key of one profile entry: machine, role, the models' shapes, the call's shape."""
-  key_obj = {"machine": machine(), "role": role, "model": _fingerprint(obj), "batch": batch,
+  key_obj = {"machine": machine(), "role": role, "model": fingerprint(obj), "batch": batch,
              "cache_length": cache_length, "greedy": greedy, "version": COSTS_VERSION}
   if filtered and not greedy:  # (absent otherwise: keys saved before the filter was told apart)
     key_obj["filtered"] = True
@@ -312,7 +312,7 @@ def prior_costs(target, drafter, batch: int, cache_length: int, choices,
   Kept per process for the same shapes: working it out traces the models' cache
   shapes, about 20 ms of host time, which on a small model is a tenth of a call."""
   rates = rates or DeviceRates.measure()
-  key = json.dumps([_fingerprint(target), _fingerprint(drafter), batch, cache_length,
+  key = json.dumps([fingerprint(target), fingerprint(drafter), batch, cache_length,
                     list(choices), dataclasses.asdict(rates),
                     sorted((growth or {}).items()), draft_ratio], sort_keys=True)
   if key not in _PRIORS:

@@ -42,12 +42,12 @@ from jspec.training import corpus
 from jspec.training.train import TrainConfig
 from jspec.models.transformer import TransformerConfig
 
+# The held-out measurement of the shipped models (loss windows, acceptance prompts),
+# shared with the heads' trainer.
+from jspec.training.train_eagle import (ACCEPT_K, ACCEPT_NEW_TOKENS, ACCEPT_PROMPT_LEN,
+                                        ACCEPT_PROMPTS, EVAL_WINDOWS)
+
 VOCAB_SIZE = 8192
-EVAL_WINDOWS = 64  # held-out windows of SEQ_LEN + 1 tokens for held-out loss
-ACCEPT_PROMPTS = 32  # held-out prompts for the acceptance measurement
-ACCEPT_PROMPT_LEN = 64
-ACCEPT_NEW_TOKENS = 128
-ACCEPT_K = 4
 
 
 @dataclasses.dataclass(frozen=True)

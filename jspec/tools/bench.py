@@ -49,26 +49,14 @@ import jax
 
 from jspec.tools import latency as lat
 from jspec.tools import profile
-from jspec.tools.bench_report import _jsonable, plot
-from jspec.tools.bench_timing import (_Concat, _row, _tokens_out, floor, paired_speedup,
-                                      side_by_side, steady_rounds)
-from jspec.planner.api import cache_bucket, generate, speculative_generate
+from jspec.tools.bench_report import jsonable, plot
+from jspec.tools.bench_timing import (Concat, Settings, floor, paired_speedup, row,
+                                      side_by_side, steady_rounds, tokens_out)
+from jspec.planner.api import generate, speculative_generate
+from jspec.planner.inputs import cache_bucket
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.model import Model
 from jspec.drafters.ngram import NGram
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """What `run` sweeps: batch sizes, the K sweep, the fixed K, lengths, repeats."""
-
-  batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  ks: tuple[int, ...] = (1, 2, 3, 4, 6)
-  k: int = 4  # the fixed K of the batch sweep and task runs
-  max_new_tokens: int = 64
-  repeats: int = 3
-  transformers: bool = True
-  steady_tokens: int = 256  # the k_sweep's steady-state part: tokens per long run (0: skip)
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -103,12 +91,12 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
   """Batch 1 over the K sweep and "auto", with in-loop ideal speedups."""
   # Several prompts at batch 1, one after another: time the sum.
   per_prompt = [_variants(target, drafters, [p], list(s.ks) + ["auto"], s) for p in prompts]
-  calls = {name: (lambda name: lambda: _Concat([c[name]() for c in per_prompt]))(name)
+  calls = {name: (lambda name: lambda: Concat([c[name]() for c in per_prompt]))(name)
            for name in per_prompt[0]}
   res = side_by_side(calls, s.repeats)
   base = res.pop("baseline")
   S = cache_bucket(len(prompts[0]) + s.max_new_tokens + max(s.ks) + 1)
-  report = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"], "rows": {}}
+  report = {"baseline_tokens_per_s": tokens_out(base["out"]) / base["time"], "rows": {}}
   costs_by_drafter = {}
   for dname, drafter in drafters.items():
     ks = (0,) + tuple(s.ks)
@@ -119,7 +107,7 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
     report["round_costs_ms_" + dname] = {
         str(k): v * 1e3 for k, v in zip(ks, profile.round_costs(target, drafter, 1, S, ks))}
     for k in list(s.ks) + ["auto"]:
-      row = _row(res[f"{dname}@{k}"], base, k)
+      row = row(res[f"{dname}@{k}"], base, k)
       if k != "auto":
         row["ideal_speedup"] = row["tau"] * costs[0] / costs[k]
         row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
@@ -158,8 +146,8 @@ def batch_sweep(target, drafters, prompts, s: Settings) -> dict:
   for B in s.batches:
     res = side_by_side(_variants(target, drafters, prompts[:B], [s.k, "auto"], s), s.repeats)
     base = res.pop("baseline")
-    report[str(B)] = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"],
-                      "rows": {name: _row(r, base) for name, r in res.items()}}
+    report[str(B)] = {"baseline_tokens_per_s": tokens_out(base["out"]) / base["time"],
+                      "rows": {name: row(r, base) for name, r in res.items()}}
     print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x"
                                        for n, r in report[str(B)]["rows"].items()), flush=True)
   return report
@@ -192,8 +180,8 @@ def task_runs(target, drafters, tasks, s: Settings) -> dict:
                              dict(temperature=0.8, top_p=0.95, seed=0))]:
     res = side_by_side(_variants(target, drafters, prompts, [s.k, "auto"], s, **kw), s.repeats)
     base = res.pop("baseline")
-    report[name] = {"baseline_tokens_per_s": _tokens_out(base["out"]) / base["time"],
-                    "rows": {n: _row(r, base) for n, r in res.items()}}
+    report[name] = {"baseline_tokens_per_s": tokens_out(base["out"]) / base["time"],
+                    "rows": {n: row(r, base) for n, r in res.items()}}
   return report
 
 
@@ -330,6 +318,6 @@ def run(target: Model, draft: Model, heldout: dict, s: Settings, out_dir: str | 
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
-      json.dump(report, f, indent=1, default=_jsonable)
+      json.dump(report, f, indent=1, default=jsonable)
     report["figures"] = plot(report, out_dir)
   return report

@@ -60,7 +60,7 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
   drafter = drafter_from_dir(draft_dir, target)
   s = Settings(k=k, max_new_tokens=max_new_tokens, repeats=repeats, per_kind=per_kind)
   prompts = default_prompts(target, per_kind) if prompts is None else prompts
-  P, S = R._shapes(prompts, s)
+  P, S = R.shapes(prompts, s)
   eos = tuple(target.eos_ids)
   print("loading the target and the draft in transformers", flush=True)
   hf = R.load_transformers(target_path)
@@ -70,20 +70,20 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
     hf_assistant_adaptive = hf_draft(getattr(drafter, "model", drafter),
                                      os.path.join(tmp, "adaptive"))
   variants = {
-      "jspec_greedy": lambda ids: R._jspec(target, [ids], P, S, s),
-      f"jspec_draft@{k}": lambda ids: R._jspec(target, [ids], P, S, s, drafter, k),
-      "transformers_greedy": lambda ids: R._transformers(hf, ids, s, eos),
-      "jspec_draft@auto": lambda ids: R._jspec(target, [ids], P, S, s, drafter, "auto"),
-      f"transformers_assisted@{k}": lambda ids: R._transformers(
+      "jspec_greedy": lambda ids: R.jspec_call(target, [ids], P, S, s),
+      f"jspec_draft@{k}": lambda ids: R.jspec_call(target, [ids], P, S, s, drafter, k),
+      "transformers_greedy": lambda ids: R.transformers_call(hf, ids, s, eos),
+      "jspec_draft@auto": lambda ids: R.jspec_call(target, [ids], P, S, s, drafter, "auto"),
+      f"transformers_assisted@{k}": lambda ids: R.transformers_call(
           hf, ids, s, eos, assistant=hf_assistant, num_assistant_tokens=k,
           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
-      f"transformers_assisted@{k}+confidence": lambda ids: R._transformers(
+      f"transformers_assisted@{k}+confidence": lambda ids: R.transformers_call(
           hf, ids, s, eos, assistant=hf_assistant_adaptive, num_assistant_tokens=k,
           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.4),
   }
   kinds = sorted({kind for kind, _ in prompts}, key=[kind for kind, _ in prompts].index)
   by_kind = {kind: [ids for kk, ids in prompts if kk == kind] for kind in kinds}
-  calls = {(kind, name): R._many([make(ids) for ids in by_kind[kind]])
+  calls = {(kind, name): R.many([make(ids) for ids in by_kind[kind]])
            for kind in kinds for name, make in variants.items()}
   print(f"batch 1, {len(prompts)} prompts, {len(variants)} variants, {repeats} repeats",
         flush=True)
@@ -92,7 +92,7 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
     parts = [res[(kind, name)] for kind in kinds]
     times = [sum(t) for t in zip(*(p["times"] for p in parts))]
     res[("all", name)] = {"time": statistics.median(times), "times": times,
-                          "out": R._Runs([o for p in parts for o in p["out"].outs])}
+                          "out": R.Runs([o for p in parts for o in p["out"].outs])}
   jd, ta = f"jspec_draft@{k}", f"transformers_assisted@{k}"
   ja, tc = "jspec_draft@auto", f"transformers_assisted@{k}+confidence"
   report = {"target": os.path.basename(target_path), "draft": os.path.basename(
@@ -100,17 +100,17 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
             "repeats": repeats, "torch_threads": __import__("torch").get_num_threads(),
             "jax_threads": R.jax_threads(), "kinds": {}}
   for kind in kinds + ["all"]:
-    row = {name: R._rate(res[(kind, name)]) for name in variants}
+    row = {name: R.rate(res[(kind, name)]) for name in variants}
     out = res[(kind, jd)]["out"]
     row["tau"] = out.count() / max(out.calls(), 1)
-    row["jspec_speedup"] = R._rate_ratio(res[(kind, jd)], res[(kind, "jspec_greedy")])
-    row["transformers_speedup"] = R._rate_ratio(res[(kind, ta)],
+    row["jspec_speedup"] = R.rate_ratio(res[(kind, jd)], res[(kind, "jspec_greedy")])
+    row["transformers_speedup"] = R.rate_ratio(res[(kind, ta)],
                                                 res[(kind, "transformers_greedy")])
-    row["jspec_over_transformers_assisted"] = R._rate_ratio(res[(kind, jd)], res[(kind, ta)])
-    row["auto_speedup"] = R._rate_ratio(res[(kind, ja)], res[(kind, "jspec_greedy")])
-    row["confidence_speedup"] = R._rate_ratio(res[(kind, tc)],
+    row["jspec_over_transformers_assisted"] = R.rate_ratio(res[(kind, jd)], res[(kind, ta)])
+    row["auto_speedup"] = R.rate_ratio(res[(kind, ja)], res[(kind, "jspec_greedy")])
+    row["confidence_speedup"] = R.rate_ratio(res[(kind, tc)],
                                               res[(kind, "transformers_greedy")])
-    row["jspec_auto_over_transformers_confidence"] = R._rate_ratio(res[(kind, ja)],
+    row["jspec_auto_over_transformers_confidence"] = R.rate_ratio(res[(kind, ja)],
                                                                    res[(kind, tc)])
     row["jspec_equal_to_greedy"] = all(_same(res[(kind, name)], res[(kind, "jspec_greedy")])
                                        for name in (jd, ja))

@@ -103,8 +103,8 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
   s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)
   model = bench_real.load_target(bench_real.resolve(target))
   prompts = bench_real.default_prompts(model, 1)
-  P, S = real_sections._shapes(prompts, s)
-  calls = [real_sections._jspec(model, [ids], P, S, s) for _, ids in prompts]
+  P, S = real_sections.shapes(prompts, s)
+  calls = [real_sections.jspec_call(model, [ids], P, S, s) for _, ids in prompts]
   variants = {"without": False, "with CPU_OPTIONS": True}
 
   def run_all(cpu_options: bool):

@@ -57,13 +57,13 @@ def heads(target, drafters: dict, prompts, *, k: int = 4, nodes: int = 16, tree_
   max_depth: {name: deepest tree / longest chain the drafter supports} (Medusa: its
   number of heads).
   """
-  from jspec.tools.bench_timing import _Concat, _row, side_by_side
+  from jspec.tools.bench_timing import Concat, row, side_by_side
 
   max_depth = max_depth or {}
   kw = dict(max_new_tokens=max_new_tokens, eos_id=())
 
   def each(fn):  # the prompts one after another, seen as one output
-    return lambda: _Concat([fn([p]) for p in prompts])
+    return lambda: Concat([fn([p]) for p in prompts])
 
   # Chains first: their acceptance picks each drafter's tree.
   chains = {}
@@ -88,10 +88,10 @@ def heads(target, drafters: dict, prompts, *, k: int = 4, nodes: int = 16, tree_
             "baseline_tokens_per_s": float(np.sum(base["out"].lengths)) / base["time"],
             "rows": {}}
   for name in drafters:
-    report["rows"][f"{name} chain"] = dict(_row(res[f"{name} chain"], base), k=chains[name])
+    report["rows"][f"{name} chain"] = dict(row(res[f"{name} chain"], base), k=chains[name])
     t, table = trees[name]
     report["rows"][f"{name} tree"] = dict(
-        _row(res[f"{name} tree"], base), nodes=t.num_nodes, depth=t.max_depth,
+        row(res[f"{name} tree"], base), nodes=t.num_nodes, depth=t.max_depth,
         parents=list(t.parents), ranks=list(t.ranks),
         accuracy_table=np.round(table, 3).tolist())
   return report

@@ -54,32 +54,13 @@ import json
 import os
 
 from jspec.tools import bench_report
-from jspec.tools.real_report import _ideal, mismatches, plot, summary
-from jspec.tools.real_sections import (_shapes, batch1, batch_section, floor_section, jax_threads,
-                                       load_transformers, verify_costs)
+from jspec.tools.real_report import ideal, mismatches, plot, summary
+from jspec.tools.real_sections import (Settings, batch1, batch_section, floor_section,
+                                       jax_threads, load_transformers, shapes, verify_costs)
 from jspec.core.model import Model
 
 SECTIONS = ("transformers", "ngram", "batch", "floor", "verify")
 REPORT = "bench_real.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """What the real-model bench runs: fixed K, lengths, repeats, prompts, batch sizes."""
-
-  k: int = 4
-  max_new_tokens: int = 128
-  repeats: int = 3
-  per_kind: int = 2  # held-out chat prompts of each kind
-  batches: tuple[int, ...] = (8, 32)
-  max_ngram: int = 3
-  transformers: bool = True
-  # torch's intra-op threads; None keeps torch's default (one per core). On a loaded
-  # machine its OpenMP barriers can stall on a descheduled thread: there a 1-thread
-  # run shows what the machine's load costs torch.
-  torch_threads: int | None = None
-  steady_tokens: int = 256  # floor: tokens of the long generation (the short one: a quarter)
-  cost_calls: int = 10  # verify: calls per timing
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -192,13 +173,13 @@ def run(path: str, s: Settings, out_dir: str | None = None, sections=SECTIONS,
     report["floor"] = floor_section(path, target, prompts[0][1], s)
   if "verify" in sections:
     print(f"verify of {s.k + 1} tokens against a step, batch 1", flush=True)
-    report["verify"] = verify_costs(target, s.k, _shapes(prompts, s)[1], s.cost_calls,
+    report["verify"] = verify_costs(target, s.k, shapes(prompts, s)[1], s.cost_calls,
                                     max(s.repeats, 3))
-  _ideal(report)
+  ideal(report)
   if out_dir:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, REPORT), "w") as f:
-      json.dump(report, f, indent=1, default=bench_report._jsonable)
+      json.dump(report, f, indent=1, default=bench_report.jsonable)
     report["figures"] = plot(report, out_dir)
   bad = mismatches(report) if "ngram" in sections else []
   if bad and strict:

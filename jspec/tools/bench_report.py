@@ -81,7 +81,7 @@ def _latency_vs_batch(ax, sweep: dict) -> None:
 # ----------------------------------------------------------------------------- json and summary
 
 
-def _jsonable(x):
+def jsonable(x):
   if isinstance(x, (np.integer, np.floating)):
     return x.item()
   return str(x)

@@ -13,25 +13,35 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.core import schedule
-from jspec.planner.api import cache_bucket, generate, speculative_generate
+from jspec.planner.api import generate, speculative_generate
+from jspec.planner.inputs import cache_bucket
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.model import Model
 
-if TYPE_CHECKING:  # bench imports this module: its Settings only annotates here
-  from jspec.tools.bench import Settings
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What `jspec.tools.bench.run` sweeps: batch sizes, the K sweep, the fixed K, lengths, repeats."""
+
+  batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  ks: tuple[int, ...] = (1, 2, 3, 4, 6)
+  k: int = 4  # the fixed K of the batch sweep and task runs
+  max_new_tokens: int = 64
+  repeats: int = 3
+  transformers: bool = True
+  steady_tokens: int = 256  # the k_sweep's steady-state part: tokens per long run (0: skip)
 
 
 # ----------------------------------------------------------------------------- timing
 
 
-def _tokens_out(out) -> int:
+def tokens_out(out) -> int:
   return int(np.sum(np.asarray(out.lengths)))
 
 
@@ -63,11 +73,11 @@ def paired_speedup(base_times, times) -> float:
   return statistics.median(b / x for b, x in zip(base_times, times))
 
 
-def _row(res, base, k=None):
+def row(res, base, k=None):
   out = res["out"]
   calls = max(int(np.max(np.asarray(out.stats.target_calls))), 1)
-  row = {"time_s": res["time"], "tokens_per_s": _tokens_out(out) / res["time"],
-         "tau": _tokens_out(out) / max(int(np.sum(np.asarray(out.stats.target_calls))), 1),
+  row = {"time_s": res["time"], "tokens_per_s": tokens_out(out) / res["time"],
+         "tau": tokens_out(out) / max(int(np.sum(np.asarray(out.stats.target_calls))), 1),
          "speedup": paired_speedup(base["times"], res["times"]), "rounds": calls}
   if k is not None:
     row["k"] = k
@@ -79,7 +89,7 @@ def _row(res, base, k=None):
 
 
 @dataclasses.dataclass
-class _Concat:
+class Concat:
   """Outputs of several batch-1 runs seen as one (for timing and stats)."""
 
   parts: list

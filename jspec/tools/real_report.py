@@ -23,7 +23,7 @@ def mismatches(report: dict) -> list[str]:
   return list(ng.get("mismatches", [])) if isinstance(ng, dict) else []
 
 
-def _ideal(report: dict) -> None:
+def ideal(report: dict) -> None:
   """The ideal n-gram speedup at batch 1 from the measured tau and the in-loop costs
   (the lookup's own cost left out)."""
   ng, vf = report.get("ngram"), report.get("verify")

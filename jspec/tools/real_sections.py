@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +23,24 @@ from jspec.planner.inputs import cache_bucket, prompt_bucket as _prompt_bucket
 from jspec.core.model import Model
 from jspec.drafters.ngram import NGram
 
-if TYPE_CHECKING:  # bench_real imports this module: its Settings only annotates here
-  from jspec.tools.bench_real import Settings
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What the real-model bench runs: fixed K, lengths, repeats, prompts, batch sizes."""
+
+  k: int = 4
+  max_new_tokens: int = 128
+  repeats: int = 3
+  per_kind: int = 2  # held-out chat prompts of each kind
+  batches: tuple[int, ...] = (8, 32)
+  max_ngram: int = 3
+  transformers: bool = True
+  # torch's intra-op threads; None keeps torch's default (one per core). On a loaded
+  # machine its OpenMP barriers can stall on a descheduled thread: there a 1-thread
+  # run shows what the machine's load costs torch.
+  torch_threads: int | None = None
+  steady_tokens: int = 256  # floor: tokens of the long generation (the short one: a quarter)
+  cost_calls: int = 10  # verify: calls per timing
 
 
 # ----------------------------------------------------------------------------- calls
@@ -48,7 +63,7 @@ class _Answer:
 
 
 @dataclasses.dataclass
-class _Runs:
+class Runs:
   """Several batch-1 answers run one after another, seen as one timed call."""
 
   outs: list
@@ -67,7 +82,7 @@ class _Runs:
     return int(sum(int(np.sum(np.asarray(o.stats.target_calls))) for o in self.outs))
 
 
-def _shapes(prompts, s: Settings) -> tuple[int, int]:
+def shapes(prompts, s: Settings) -> tuple[int, int]:
   """One prompt bucket and one cache length for every call, so each variant compiles
   once, whatever prompt it runs on."""
   from jspec.core.schedule import AutoK
@@ -76,7 +91,7 @@ def _shapes(prompts, s: Settings) -> tuple[int, int]:
   return P, cache_bucket(P + s.max_new_tokens + max(s.k, AutoK().max_k) + 1)
 
 
-def _jspec(target: Model, rows, P: int, S: int, s: Settings, drafter=None, k=0):
+def jspec_call(target: Model, rows, P: int, S: int, s: Settings, drafter=None, k=0):
   """A jspec call on `rows` (token-id lists) padded to P, greedy, stopping at EOS."""
   tokens = np.zeros((len(rows), P), np.int32)
   for b, r in enumerate(rows):
@@ -98,7 +113,7 @@ def load_transformers(path: str):
       dtype=torch.float32).eval()
 
 
-def _transformers(hf, ids, s: Settings, eos_ids, assistant=None, **extra):
+def transformers_call(hf, ids, s: Settings, eos_ids, assistant=None, **extra):
   """transformers' greedy `generate` on one prompt (batch 1), stopping where jspec does;
   `extra`: more generation settings (prompt lookup's); `assistant`: a draft model for
   assisted generation."""
@@ -122,20 +137,20 @@ def _transformers(hf, ids, s: Settings, eos_ids, assistant=None, **extra):
   return call
 
 
-def _many(fns):
-  return lambda: _Runs([fn() for fn in fns])
+def many(fns):
+  return lambda: Runs([fn() for fn in fns])
 
 
 # ----------------------------------------------------------------------------- batch 1
 
 
-def _rate(res) -> dict:
+def rate(res) -> dict:
   n = res["out"].count()
   return {"tokens": n, "time_s": res["time"], "tokens_per_s": n / res["time"],
           "times_s": res["times"]}
 
 
-def _rate_ratio(a, b) -> float:
+def rate_ratio(a, b) -> float:
   """a's tokens/s over b's, the median over repeats of runs made in the same repeat."""
   return (bench_timing.paired_speedup(b["times"], a["times"])
           * a["out"].count() / b["out"].count())
@@ -174,28 +189,28 @@ def _agreement(target, prompts, ours, theirs, S) -> list[dict]:
 def batch1(target: Model, hf, prompts, s: Settings, sections) -> dict:
   """Batch 1, every prompt kind: the "transformers" and "ngram" sections, timed together
   when both run (the shared greedy runs are timed once)."""
-  P, S = _shapes(prompts, s)
+  P, S = shapes(prompts, s)
   kinds = list(dict.fromkeys(kind for kind, _ in prompts))
   by_kind = {k: [p for p in prompts if p[0] == k] for k in kinds}
   ngram = NGram(target.vocab_size, max_ngram=s.max_ngram)
   eos = tuple(target.eos_ids)
-  variants = {"jspec_greedy": lambda ids: _jspec(target, [ids], P, S, s)}
+  variants = {"jspec_greedy": lambda ids: jspec_call(target, [ids], P, S, s)}
   if "ngram" in sections:
-    variants[f"jspec_ngram@{s.k}"] = lambda ids: _jspec(target, [ids], P, S, s, ngram, s.k)
-    variants["jspec_ngram@auto"] = lambda ids: _jspec(target, [ids], P, S, s, ngram, "auto")
+    variants[f"jspec_ngram@{s.k}"] = lambda ids: jspec_call(target, [ids], P, S, s, ngram, s.k)
+    variants["jspec_ngram@auto"] = lambda ids: jspec_call(target, [ids], P, S, s, ngram, "auto")
   if hf is not None:
-    variants["transformers_greedy"] = lambda ids: _transformers(hf, ids, s, eos)
+    variants["transformers_greedy"] = lambda ids: transformers_call(hf, ids, s, eos)
     if "ngram" in sections:
-      variants["transformers_prompt_lookup"] = lambda ids: _transformers(
+      variants["transformers_prompt_lookup"] = lambda ids: transformers_call(
           hf, ids, s, eos, prompt_lookup_num_tokens=s.k, max_matching_ngram_size=s.max_ngram)
-  calls = {(kind, name): _many([make(ids) for _, ids in by_kind[kind]])
+  calls = {(kind, name): many([make(ids) for _, ids in by_kind[kind]])
            for kind in kinds for name, make in variants.items()}
   res = bench_timing.side_by_side(calls, s.repeats)
   for name in variants:  # every kind together: per-repeat sums
     parts = [res[(kind, name)] for kind in kinds]
     times = [sum(t) for t in zip(*(p["times"] for p in parts))]
     res[("all", name)] = {"time": statistics.median(times), "times": times,
-                          "out": _Runs([o for p in parts for o in p["out"].outs])}
+                          "out": Runs([o for p in parts for o in p["out"].outs])}
   report = {}
   if "transformers" in sections and hf is not None:
     report["transformers"] = _transformers_report(target, res, kinds, by_kind, S)
@@ -212,8 +227,8 @@ def _transformers_report(target, res, kinds, by_kind, S) -> dict:
          "transformers": transformers.__version__, "torch": torch.__version__, "kinds": {}}
   for kind in kinds + ["all"]:
     j, t = res[(kind, "jspec_greedy")], res[(kind, "transformers_greedy")]
-    row = {"jspec_greedy": _rate(j), "transformers_greedy": _rate(t),
-           "jspec_over_transformers": _rate_ratio(j, t)}
+    row = {"jspec_greedy": rate(j), "transformers_greedy": rate(t),
+           "jspec_over_transformers": rate_ratio(j, t)}
     if kind != "all":
       row["agreement"] = _agreement(target, by_kind[kind], j["out"].answers(),
                                     t["out"].answers(), S)
@@ -230,14 +245,14 @@ def _ngram_report(res, kinds, s: Settings, with_hf: bool) -> dict:
   mismatches = []
   for kind in kinds + ["all"]:
     base = res[(kind, "jspec_greedy")]
-    row = {"jspec_greedy": _rate(base)}
+    row = {"jspec_greedy": rate(base)}
     greedy = base["out"].answers()
     for name in spec:
       r = res[(kind, name)]
       equal = [bool(np.array_equal(a, g)) for a, g in zip(r["out"].answers(), greedy)]
       if not all(equal):
         mismatches.append(f"{kind} {name}: prompts {[i for i, e in enumerate(equal) if not e]}")
-      row[name] = dict(_rate(r), speedup=_rate_ratio(r, base), equal_to_greedy=all(equal),
+      row[name] = dict(rate(r), speedup=rate_ratio(r, base), equal_to_greedy=all(equal),
                        tau=r["out"].count() / max(r["out"].calls(), 1))
       rounds = {}
       for o in r["out"].outs:
@@ -249,11 +264,11 @@ def _ngram_report(res, kinds, s: Settings, with_hf: bool) -> dict:
       hb, pl = res[(kind, "transformers_greedy")], res[(kind, "transformers_prompt_lookup")]
       ans = [leading_agreement(a, g) == len(a) == len(g)
              for a, g in zip(pl["out"].answers(), hb["out"].answers())]
-      row["transformers_greedy"] = _rate(hb)
-      row["transformers_prompt_lookup"] = dict(_rate(pl), speedup=_rate_ratio(pl, hb),
+      row["transformers_greedy"] = rate(hb)
+      row["transformers_prompt_lookup"] = dict(rate(pl), speedup=rate_ratio(pl, hb),
                                                equal_to_greedy=all(ans))
       row["jspec_over_transformers_prompt_lookup"] = {
-          name.split("@")[1]: _rate_ratio(res[(kind, name)], pl) for name in spec}
+          name.split("@")[1]: rate_ratio(res[(kind, name)], pl) for name in spec}
     out["kinds"][kind] = row
   out["mismatches"] = mismatches
   return out
@@ -264,19 +279,19 @@ def _ngram_report(res, kinds, s: Settings, with_hf: bool) -> dict:
 
 def batch_section(target: Model, prompts, s: Settings) -> dict:
   """Plain, n-gram at the fixed K and "auto" at each batch size; rows: the prompts cycled."""
-  P, S = _shapes(prompts, s)
+  P, S = shapes(prompts, s)
   ngram = NGram(target.vocab_size, max_ngram=s.max_ngram)
   report = {}
   for B in s.batches:
     rows = [prompts[i % len(prompts)][1] for i in range(B)]
-    calls = {"baseline": _jspec(target, rows, P, S, s),
-             f"ngram@{s.k}": _jspec(target, rows, P, S, s, ngram, s.k),
-             "ngram@auto": _jspec(target, rows, P, S, s, ngram, "auto")}
+    calls = {"baseline": jspec_call(target, rows, P, S, s),
+             f"ngram@{s.k}": jspec_call(target, rows, P, S, s, ngram, s.k),
+             "ngram@auto": jspec_call(target, rows, P, S, s, ngram, "auto")}
     res = bench_timing.side_by_side(calls, s.repeats)
     base = res.pop("baseline")
     report[str(B)] = {"baseline_tokens_per_s":
-                      bench_timing._tokens_out(base["out"]) / base["time"],
-                      "rows": {name: bench_timing._row(r, base) for name, r in res.items()}}
+                      bench_timing.tokens_out(base["out"]) / base["time"],
+                      "rows": {name: bench_timing.row(r, base) for name, r in res.items()}}
     print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x" for n, r in
                                        report[str(B)]["rows"].items()), flush=True)
   return report

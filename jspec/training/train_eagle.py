@@ -44,6 +44,10 @@ from jspec.drafters import eagle as E
 from jspec.core.drafter import DraftContext, target_for
 from jspec.training import trainer
 
+# The held-out measurement of the shipped code pair and its heads (`jspec.recipes.code_pair`).
+EVAL_WINDOWS = 64  # held-out windows of SEQ_LEN + 1 tokens for held-out loss
+ACCEPT_PROMPTS = 32  # held-out prompts for the acceptance measurement
+ACCEPT_PROMPT_LEN = 64
 ACCEPT_K = 4
 ACCEPT_NEW_TOKENS = 128
 # The tree the manifest measures besides chains: 12 nodes, depth 4, as rank paths.
@@ -286,7 +290,6 @@ def replay_greedy(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCEPT_K
   draft_accept and the histogram, as `jspec.core.stats.acceptance_rates`.
   """
   import jspec
-  from jspec.tools import costs
   from jspec.core.stats import acceptance_rates
 
   prompts = np.asarray(prompts, np.int32)
@@ -340,7 +343,7 @@ def engine_acceptance(target, eagle: E.Eagle, prompts: np.ndarray, k: int = ACCE
   """Greedy acceptance through `jspec.speculative_generate` (a chain of K = k, or `tree`),
   and whether the output equals the target's own greedy output."""
   import jspec
-  from jspec.tools import costs
+  from jspec.core.stats import acceptance_rates
 
   kwargs = {"tree": tree} if tree is not None else {"num_draft_tokens": k}
   out = jspec.speculative_generate(target, eagle, np.asarray(prompts).tolist(),
@@ -448,7 +451,6 @@ def main(argv=None) -> int:
   """Command line of `python -m jspec.training.train_eagle`."""
   from jspec.io import checkpoint
   from jspec.io import shipped
-  from jspec.recipes import code_pair as recipe
   from jspec.training import corpus
 
   parser = argparse.ArgumentParser(prog="python -m jspec.training.train_eagle",
@@ -497,8 +499,8 @@ def main(argv=None) -> int:
     c = corpus.load_corpus()
     eot = target.tokenizer.backend.token_to_id(corpus.EOT)
     hs = corpus.token_stream(target.tokenizer.backend, c.heldout, eot)
-    heldout_windows = corpus.tiled_windows(hs, cfg.seq_len, recipe.EVAL_WINDOWS)
-    prompts = corpus.tiled_windows(hs, recipe.ACCEPT_PROMPT_LEN, recipe.ACCEPT_PROMPTS)
+    heldout_windows = corpus.tiled_windows(hs, cfg.seq_len, EVAL_WINDOWS)
+    prompts = corpus.tiled_windows(hs, ACCEPT_PROMPT_LEN, ACCEPT_PROMPTS)
 
   batch_fn = lambda step: corpus.windows(stream, cfg.seq_len, cfg.batch_size, (cfg.seed, step))
   result = train_eagle(target, cfg, batch_fn,
