@@ -275,4 +275,4 @@ def test_fingerprints_hold_no_addresses(small):
   """Saved costs are keyed by the models' fingerprint: an object address in it (a
   function's repr) would differ in every process, and nothing saved would be found."""
   for obj in (small, (small, jspec.NGram(small.vocab_size)), jspec.DraftModel(small)):
-    assert "0x" not in json.dumps(cost_model._fingerprint(obj))
+    assert "0x" not in json.dumps(cost_model.fingerprint(obj))

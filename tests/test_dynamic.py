@@ -221,7 +221,7 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
   def never(*args):
     raise AssertionError("a decoding call timed rounds")
 
-  S = jspec.planner.api.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
+  S = jspec.planner.inputs.cache_bucket(3 + 3 + 7)  # the call's cache: prompt, new tokens, K + 1
   drafter = jspec.DraftModel(far_draft)
   for f in (filtered, not filtered):
     profile.profile_auto(target, drafter, 1, S, greedy=False, filtered=f, calls=2, repeats=1)

@@ -39,8 +39,8 @@ def checkpoints_dir(path: str | None = None) -> str:
   if path is None:
     path = os.environ.get(ENV_VAR)
   if path is None:
-    here = os.path.dirname(os.path.abspath(__file__))  # <repo>/models
-    path = os.path.join(os.path.dirname(here), "checkpoints")
+    here = os.path.dirname(os.path.abspath(__file__))  # <repo>/jspec/io
+    path = os.path.join(os.path.dirname(os.path.dirname(here)), "checkpoints")
   if not os.path.isfile(os.path.join(path, TARGET, "manifest.json")):
     raise FileNotFoundError(
         f"no shipped checkpoints in {path} (expected {TARGET}/manifest.json). Install jspec "

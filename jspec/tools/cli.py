@@ -121,7 +121,7 @@ def chat(args) -> int:
 def profile(args) -> int:
   """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
   import jspec
-  from jspec.planner import api, cost_model
+  from jspec.planner import cost_model, inputs
   from jspec.tools import bench_real
   from jspec.tools import profile as P
 
@@ -131,7 +131,7 @@ def profile(args) -> int:
   if isinstance(drafter, jspec.Model):  # drafted with as a call would
     drafter = jspec.DraftModel(drafter)
   auto = jspec.AutoK()
-  S = args.cache_length or api.cache_bucket(args.prompt_length + args.max_new_tokens
+  S = args.cache_length or inputs.cache_bucket(args.prompt_length + args.max_new_tokens
                                             + auto.max_k + 1)
   sampled = args.temperature > 0
   auto = P.profile_auto(target, drafter, args.batch_size, S, auto=auto, greedy=not sampled,

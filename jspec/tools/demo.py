@@ -240,7 +240,7 @@ def shipped_demo(args) -> int:
 
   import jspec
   from jspec.tools import costs, profile
-  from jspec.planner.api import cache_bucket
+  from jspec.planner.inputs import cache_bucket
   from jspec.io import shipped
 
   t_start = time.perf_counter()

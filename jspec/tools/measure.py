@@ -31,7 +31,8 @@ from jspec.tools import costs
 
 from jspec.core.stats import acceptance_rates, ideal_speedup
 from jspec.tools import latency as lat
-from jspec.planner.api import cache_bucket, generate, speculative_generate
+from jspec.planner.api import generate, speculative_generate
+from jspec.planner.inputs import cache_bucket
 from jspec.drafters.draft_model import DraftModel
 from jspec.core import decode
 from jspec.core.decode import DecodeConfig
