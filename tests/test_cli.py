@@ -49,3 +49,10 @@ def test_profile_saves_round_costs_that_auto_reads(tiny_gguf, tmp_path, capsys):
     (costs_by_k,) = json.load(f).values()  # one key: these models and shapes
   assert {int(k) for k in costs_by_k} >= {0, 1, 4}
   assert all(float(c) > 0 for c in costs_by_k.values())
+
+
+def test_tokenizer_repr_is_one_short_line(tiny_gguf):
+  import jspec
+
+  text = repr(jspec.load(tiny_gguf).tokenizer)
+  assert text == "Tokenizer(BPE, vocab_size=64, eos_ids=(2,), with chat template)"
