@@ -141,6 +141,8 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
       return _load_gguf(os.path.abspath(local), dtype, layout)
     raise NotADirectoryError(f"{local} is a file but not a GGUF file; other checkpoints are "
                              f"directories")
+  if local.endswith(".gguf"):  # before the Hub: "models/x.gguf" also reads as a repo id
+    raise FileNotFoundError(f"no GGUF file {os.path.abspath(local)}")
   if _REPO_ID.match(name) and ".." not in name:
     try:
       import huggingface_hub
@@ -152,7 +154,7 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
     if not os.path.isfile(os.path.join(local, "config.json")):
       raise FileNotFoundError(f"Hub repo {name!r} has no config.json (downloaded to {local})")
     return _load_hf(local, dtype, layout)
-  raise FileNotFoundError(f"no checkpoint directory {name!r}")
+  raise FileNotFoundError(f"no checkpoint directory or GGUF file {name!r}")
 
 
 def _load_hf(path: str, dtype, layout=None) -> Model:

@@ -30,7 +30,7 @@ TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_toke
                    "mask_token")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class Tokenizer:
   """A `tokenizers.Tokenizer` plus the checkpoint's stop ids.
 
@@ -47,6 +47,14 @@ class Tokenizer:
   def vocab_size(self) -> int:
     """Number of ids the tokenizer knows, added tokens included."""
     return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+  def __repr__(self) -> str:
+    # One line: the fields' own reprs spell out the whole vocabulary and merges (and a
+    # Model's repr holds its tokenizer's).
+    kind = type(self.backend.model).__name__
+    template = "with" if self.chat_template is not None else "no"
+    return (f"Tokenizer({kind}, vocab_size={self.vocab_size}, eos_ids={self.eos_ids}, "
+            f"{template} chat template)")
 
   def encode(self, texts: str | Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
     """Token ids per text; a single string is a batch of one."""

@@ -187,12 +187,14 @@ def run(path: str, s: Settings, out_dir: str | None = None, sections=SECTIONS,
   return report
 
 
-def main(path: str, s: Settings, out_dir: str, sections) -> int:
-  """`jspec bench --target`: run, print the summary, say what was written."""
+def main(path: str, s: Settings, out_dir: str, sections, prompts=None,
+         target: Model | None = None) -> int:
+  """`jspec bench --target`: run, print the summary, say what was written. prompts,
+  target: as in `run` (--prompts FILE, read and encoded by the command line)."""
   from jspec.planner import cache_folder
 
   cache_folder.enable_compilation_cache()
-  report = run(path, s, out_dir, sections, strict=False)
+  report = run(path, s, out_dir, sections, prompts=prompts, target=target, strict=False)
   print(summary(report))
   print(f"wrote {os.path.join(out_dir, REPORT)} and {len(report.get('figures', []))} figure(s)")
   bad = mismatches(report) if "ngram" in sections else []

