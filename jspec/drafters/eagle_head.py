@@ -205,6 +205,11 @@ def _write(buffer, new, slots, axis: int):
 
 
 def forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
+  """The head's layer over T pairs per row: (predicted features [B, T, D], cache).
+
+  features [B, T, D] the features of the pairs, embeddings [B, T, D] their tokens',
+  slots / positions [B, T] where each pair is written and its rotary position, visible
+  [B, T, S] which cache slots each pair attends to (`causal_visibility`, `tree_visibility`)."""
   c = config
   norm = layers.RMSNorm()
   w = params["layer"]

@@ -160,6 +160,7 @@ class Request:
 
   @property
   def batch(self) -> int:
+    """B, the rows of the call."""
     return int(self.tokens.shape[0])
 
   @property

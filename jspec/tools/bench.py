@@ -50,7 +50,7 @@ import jax
 from jspec.tools import latency as lat
 from jspec.tools import profile
 from jspec.tools.bench_report import jsonable, plot
-from jspec.tools.bench_timing import (Concat, Settings, floor, paired_speedup, row,
+from jspec.tools.bench_timing import (Concat, Settings, floor, paired_speedup, report_row,
                                       side_by_side, steady_rounds, tokens_out)
 from jspec.planner.api import generate, speculative_generate
 from jspec.planner.inputs import cache_bucket
@@ -107,7 +107,7 @@ def k_sweep(target, drafters, prompts, s: Settings) -> dict:
     report["round_costs_ms_" + dname] = {
         str(k): v * 1e3 for k, v in zip(ks, profile.round_costs(target, drafter, 1, S, ks))}
     for k in list(s.ks) + ["auto"]:
-      row = row(res[f"{dname}@{k}"], base, k)
+      row = report_row(res[f"{dname}@{k}"], base, k)
       if k != "auto":
         row["ideal_speedup"] = row["tau"] * costs[0] / costs[k]
         row["measured_over_ideal"] = row["speedup"] / row["ideal_speedup"]
@@ -147,7 +147,7 @@ def batch_sweep(target, drafters, prompts, s: Settings) -> dict:
     res = side_by_side(_variants(target, drafters, prompts[:B], [s.k, "auto"], s), s.repeats)
     base = res.pop("baseline")
     report[str(B)] = {"baseline_tokens_per_s": tokens_out(base["out"]) / base["time"],
-                      "rows": {name: row(r, base) for name, r in res.items()}}
+                      "rows": {name: report_row(r, base) for name, r in res.items()}}
     print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x"
                                        for n, r in report[str(B)]["rows"].items()), flush=True)
   return report
@@ -181,7 +181,7 @@ def task_runs(target, drafters, tasks, s: Settings) -> dict:
     res = side_by_side(_variants(target, drafters, prompts, [s.k, "auto"], s, **kw), s.repeats)
     base = res.pop("baseline")
     report[name] = {"baseline_tokens_per_s": tokens_out(base["out"]) / base["time"],
-                    "rows": {n: row(r, base) for n, r in res.items()}}
+                    "rows": {n: report_row(r, base) for n, r in res.items()}}
   return report
 
 

@@ -57,7 +57,7 @@ def heads(target, drafters: dict, prompts, *, k: int = 4, nodes: int = 16, tree_
   max_depth: {name: deepest tree / longest chain the drafter supports} (Medusa: its
   number of heads).
   """
-  from jspec.tools.bench_timing import Concat, row, side_by_side
+  from jspec.tools.bench_timing import Concat, report_row, side_by_side
 
   max_depth = max_depth or {}
   kw = dict(max_new_tokens=max_new_tokens, eos_id=())
@@ -88,10 +88,10 @@ def heads(target, drafters: dict, prompts, *, k: int = 4, nodes: int = 16, tree_
             "baseline_tokens_per_s": float(np.sum(base["out"].lengths)) / base["time"],
             "rows": {}}
   for name in drafters:
-    report["rows"][f"{name} chain"] = dict(row(res[f"{name} chain"], base), k=chains[name])
+    report["rows"][f"{name} chain"] = dict(report_row(res[f"{name} chain"], base), k=chains[name])
     t, table = trees[name]
     report["rows"][f"{name} tree"] = dict(
-        row(res[f"{name} tree"], base), nodes=t.num_nodes, depth=t.max_depth,
+        report_row(res[f"{name} tree"], base), nodes=t.num_nodes, depth=t.max_depth,
         parents=list(t.parents), ranks=list(t.ranks),
         accuracy_table=np.round(table, 3).tolist())
   return report

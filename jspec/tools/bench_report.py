@@ -82,6 +82,7 @@ def _latency_vs_batch(ax, sweep: dict) -> None:
 
 
 def jsonable(x):
+  """`json.dump`'s default: NumPy scalars as numbers, anything else as its string."""
   if isinstance(x, (np.integer, np.floating)):
     return x.item()
   return str(x)

@@ -42,6 +42,7 @@ class Settings:
 
 
 def tokens_out(out) -> int:
+  """New tokens of a call's output, every row summed."""
   return int(np.sum(np.asarray(out.lengths)))
 
 
@@ -73,7 +74,9 @@ def paired_speedup(base_times, times) -> float:
   return statistics.median(b / x for b, x in zip(base_times, times))
 
 
-def row(res, base, k=None):
+def report_row(res, base, k=None):
+  """A report row of a timed run `res` against the plain run `base`: time, tokens/s,
+  speedup, tau and, for "auto", the rounds at each K."""
   out = res["out"]
   calls = max(int(np.max(np.asarray(out.stats.target_calls))), 1)
   row = {"time_s": res["time"], "tokens_per_s": tokens_out(out) / res["time"],
@@ -96,19 +99,23 @@ class Concat:
 
   @property
   def tokens(self):
+    """Each run's tokens."""
     return [p.tokens for p in self.parts]
 
   @property
   def lengths(self):
+    """[runs * B] new tokens per row."""
     return np.concatenate([np.asarray(p.lengths) for p in self.parts])
 
   @property
   def stats(self):
+    """Target calls per row, as a `DecodeStats` holds them."""
     calls = np.concatenate([np.asarray(p.stats.target_calls) for p in self.parts])
     return _Stats(calls)
 
   @property
   def rounds_by_k(self):
+    """{K: rounds} summed over the runs; None for a fixed K."""
     if self.parts[0].rounds_by_k is None:
       return None
     total = {}

@@ -237,7 +237,7 @@ def _sum_rounds(items):
 def shipped_demo(args) -> int:
   """The shipped code pair (a 5.3M target, a 1.5M distilled draft), baseline vs speculative."""
   import jax
-
+  from jspec.core.stats import acceptance_rates
   import jspec
   from jspec.tools import costs, profile
   from jspec.planner.inputs import cache_bucket

@@ -34,9 +34,9 @@ from jspec.tools import latency as lat
 from jspec.planner.api import generate, speculative_generate
 from jspec.planner.inputs import cache_bucket
 from jspec.drafters.draft_model import DraftModel
-from jspec.core import decode
 from jspec.core.decode import DecodeConfig
 from jspec.core.drafter import BranchDrafter, DraftContext, target_for, uses_features
+from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 
 
@@ -99,7 +99,7 @@ def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
   keys = jax.vmap(jax.random.key)(jnp.arange(batch, dtype=jnp.int32))
   # Prepared once outside the timed calls: the decode loop prepares once per program,
   # before its rounds.
-  drafter = jax.jit(decode.prepared)(drafter)
+  drafter = jax.jit(prepared_drafter)(drafter)
   propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
   jax.block_until_ready(propose(drafter, state, context, keys))
   times = []
