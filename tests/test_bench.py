@@ -17,6 +17,8 @@ import jspec
 from conftest import tiny_config
 from jspec.tools import bench, bench_report, bench_timing
 
+pytestmark = pytest.mark.slow  # benchmark sections
+
 
 @pytest.fixture(scope="module")
 def pair():

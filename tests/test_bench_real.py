@@ -20,6 +20,8 @@ gguf = pytest.importorskip("gguf")
 import jspec  # noqa: E402
 from jspec.tools import bench_real, real_report, real_sections  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the real-model bench, end to end
+
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS = 64, 32, 2, 4, 2
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'"
           " + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"

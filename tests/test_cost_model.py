@@ -135,6 +135,7 @@ def test_an_itl_bound_drops_the_rounds_that_would_break_it():
     schedule.AutoK(itl_bound=0.9)
 
 
+@pytest.mark.slow  # 512 MB, several compiles
 def test_the_device_probe_measures_sane_rates():
   rates = cost_model.DeviceRates.measure(repeats=1)
   assert rates.rows == cost_model.ROWS and rates.bandwidth > 1e9

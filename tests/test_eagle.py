@@ -245,6 +245,7 @@ def test_tree_candidates_follow_the_ranks_of_each_parent(eagle, sequences):
     fs, L = L - 1, L + rng.integers(0, tree.max_depth + 1, size=3) + 1
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(target):
   cfg = TE.EagleTrainConfig(steps=20, batch_size=4, seq_len=16, learning_rate=3e-3,
                             warmup_steps=3, checkpoint_every=1000, feature_noise=0.05)
@@ -260,6 +261,7 @@ def test_training_lowers_the_loss(target):
   assert result.heldout["ce"] < initial["ce"]
 
 
+@pytest.mark.slow
 def test_training_resumes_from_its_checkpoint(target, tmp_path):
   rng = np.random.default_rng(1)
   data = rng.integers(0, target.vocab_size, size=(4, 2, 8)).astype(np.int32)
@@ -363,6 +365,7 @@ def test_bad_inputs(eagle, target, tmp_path):
                   head_dim=4, intermediate_size=8)
 
 
+@pytest.mark.slow
 def test_greedy_equality_through_the_decode_loop(target, eagle):
   """Chains and trees: greedy output equals the target's own. With a vocabulary of 48
   the head's drafts are sometimes right, so rounds accept drafts and the loop's

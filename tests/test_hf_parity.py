@@ -20,6 +20,8 @@ from jspec.io import checkpoint  # noqa: E402
 from jspec.models import hf  # noqa: E402
 from conftest import assert_greedy_match  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch parity, every family
+
 V = 64
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, vocab_size=V)

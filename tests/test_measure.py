@@ -40,6 +40,7 @@ def test_read_prompts(tmp_path):
     measure.read_prompts(str(empty))
 
 
+@pytest.mark.slow
 def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
   prompts = ragged_prompts(2, target.vocab_size, seed=0, min_len=3, max_len=9)
   report = measure.measure(target, target, prompts, ks=(1, 3), max_new_tokens=12, repeats=1)
@@ -62,6 +63,7 @@ def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
   assert (tmp_path / "m.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_report_with_a_lookup_drafter(target):
   prompts = [[1, 2, 3, 4, 1, 2, 3]]
   report = measure.measure(target, jspec.NGram(target.vocab_size), prompts, ks=(2,),
@@ -70,6 +72,7 @@ def test_report_with_a_lookup_drafter(target):
   assert 0.0 <= row["alpha"] <= 1.0 and row["equal_to_baseline"] is True
 
 
+@pytest.mark.slow
 def test_report_with_lookahead_counts_its_whole_verify_block(target):
   la = jspec.Lookahead(target.vocab_size, window=3, ngram=3, guesses=2)
   assert measure.verify_width(la, 2) == 1 + 2 * 2 + 2 + 3  # tree, then the side branch

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each notebook runs top to bottom in a kernel
+
 COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
 NAMES = ["quickstart.ipynb", "train_drafter.ipynb", "measure.ipynb"]
 CELL_TIMEOUT = 300  # seconds per cell; a whole notebook takes well under a minute on 2 cores

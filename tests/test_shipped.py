@@ -22,6 +22,7 @@ def heldout():
   return shipped.heldout()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [shipped.TARGET, shipped.DRAFT, shipped.DRAFT_TEXT])
 def test_heldout_loss_matches_manifest(name, heldout):
   manifest = shipped.manifest(name)
@@ -44,6 +45,7 @@ def test_weights_are_stored_in_bf16():
     assert json.load(f)["stored_dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_distilled_draft_beats_text_draft_and_speculation_is_exact(target, heldout):
   prompts = heldout["accept_prompts"][:8, :48].tolist()
   rates = {}
