@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models, strict promotion so dtype/rank slips fail loudly."""
 
+import importlib
 import os
 
 # The suite runs tiny models: compiling them, not running them, is where its time goes.
@@ -18,6 +19,27 @@ import jspec  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def require(name: str, *, optional: bool = False):
+  """Import `name`, a package the tests need beyond jspec's own dependencies (torch and
+  transformers, the references of the parity tests; the notebook runner; matplotlib: all
+  in pyproject's `dev` extra). When it cannot be imported: under CI (CI=true), which
+  installs `.[dev]`, the test fails, since a missing reference there is a broken
+  environment and not a reason to skip; elsewhere the test (or, at module level, the
+  module) is skipped with the reason, or with optional=True None is returned and the
+  test runs without it."""
+  try:
+    return importlib.import_module(name)
+  except ImportError as e:
+    error = e
+  if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+    pytest.fail(f"{name} cannot be imported under CI, which installs it (pip install -e "
+                f"'.[dev]'): {error}", pytrace=False)
+  if optional:
+    return None
+  pytest.skip(f"{name} is not installed ({error}): pip install -e '.[dev]'",
+              allow_module_level=True)
 
 
 @jax.jit

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jspec
-from conftest import tiny_config
+from conftest import require, tiny_config
 from jspec.tools import bench, bench_report, bench_timing
 
 pytestmark = pytest.mark.slow  # benchmark sections
@@ -88,8 +88,8 @@ def test_run_writes_every_section(pair, tmp_path, monkeypatch):
 
 
 def test_transformers_side_same_weights(pair):
-  pytest.importorskip("torch")
-  pytest.importorskip("transformers")
+  require("torch")
+  require("transformers")
   target, draft = pair
   prompts = heldout(48)["accept_prompts"][:2].tolist()
   s = bench.Settings(max_new_tokens=5, repeats=1)

@@ -15,7 +15,9 @@ import os
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf
+
+from conftest import require
 
 import jspec  # noqa: E402
 from jspec.tools import bench_real, real_report, real_sections  # noqa: E402
@@ -88,12 +90,9 @@ def write_tiny_llama(path, seed=0):
 
 
 def _has_transformers():
-  try:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-  except ImportError:
-    return False
-  return True
+  """Whether the transformers side runs: torch and transformers importable (under CI,
+  which installs them, a missing one fails the test instead)."""
+  return all(require(name, optional=True) is not None for name in ("torch", "transformers"))
 
 
 @pytest.mark.slow
@@ -192,7 +191,8 @@ def test_assisted_bench_against_transformers(tmp_path, monkeypatch):
   """`jspec.tools.bench_assisted` on the tiny GGUF with a draft model that borrows its
   embedding: every variant runs, jspec's and transformers' speculative answers equal
   their greedy ones, rates and ratios are finite."""
-  pytest.importorskip("transformers")
+  require("torch")
+  require("transformers")
   from jspec.io import draft_checkpoint
   from jspec.models import recipe_draft
   from jspec.tools import bench_assisted

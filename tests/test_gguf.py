@@ -14,9 +14,12 @@ import os
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import gguf
+
+from conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 import jax  # noqa: E402
 

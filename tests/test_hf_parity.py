@@ -10,8 +10,10 @@ export back to a directory `transformers` loads.
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-tf = pytest.importorskip("transformers")
+from conftest import require
+
+torch = require("torch")
+tf = require("transformers")
 
 import jax.numpy as jnp  # noqa: E402
 

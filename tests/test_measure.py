@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jspec
-from conftest import ragged_prompts
+from conftest import ragged_prompts, require
 from jspec.tools import costs, measure
 
 
@@ -58,7 +58,7 @@ def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
     np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0),
                                   row["accept_hist"])
   assert "per prompt" in measure.format_table(report)
-  pytest.importorskip("matplotlib")
+  require("matplotlib")
   measure.plot(report, str(tmp_path / "m.png"))
   assert (tmp_path / "m.png").stat().st_size > 1000
 
