@@ -138,6 +138,12 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
       assert math.isfinite(row["jspec_over_transformers"])
       for a in row["agreement"]:
         assert 0 <= a["leading_equal"] <= min(a["tokens_jspec"], a["tokens_transformers"])
+        # Same file, same f32 values: identical answers, or answers that part where the
+        # target's top-2 logits nearly tie (the near-tie rule of assert_greedy_match).
+        if a["identical"]:
+          assert "top2_gap_at_divergence" not in a, a
+        else:
+          assert a.get("top2_gap_at_divergence", float("inf")) < 1e-4, (kind, a)
     # Same file, same f32 values: the answers agree unless a near-tie flips.
     assert tr["answers"] == 3
   else:
@@ -173,11 +179,16 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
   assert again["verify"] == json.loads(json.dumps(report["verify"]))
   assert again["batch"]["1"]["baseline_tokens_per_s"] > 0
 
-  # Answers that part: the leading run and the top-2 logit gap where they part.
+  # Answers that part: the leading run, and the top-2 logit gap where they part, which is
+  # the target's own (an unpadded forward over the prompt and the shared run).
   kind, ids = prompts[1]
-  [row] = real_sections._agreement(target, [(kind, ids)], [[5, 6, 7, 8]], [[5, 6, 9]], 64)
+  [row, same] = real_sections._agreement(target, [(kind, ids)] * 2, [[5, 6, 7, 8], [5, 6]],
+                                         [[5, 6, 9], [5, 6]], 64)
   assert row["leading_equal"] == 2 and not row["identical"]
-  assert row["top2_gap_at_divergence"] >= 0
+  top2 = np.sort(np.asarray(target.logits(np.asarray([list(ids) + [5, 6]], np.int32)))[0, -1])
+  assert row["top2_gap_at_divergence"] == pytest.approx(top2[-1] - top2[-2], rel=1e-4,
+                                                        abs=1e-5)
+  assert same["identical"] and same["leading_equal"] == 2 and "top2_gap_at_divergence" not in same
 
 
 def test_leading_agreement():
