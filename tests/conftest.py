@@ -1,5 +1,6 @@
 """Shared fixtures: tiny models, strict promotion so dtype/rank slips fail loudly."""
 
+import importlib
 import os
 
 # The suite runs tiny models: compiling them, not running them, is where its time goes.
@@ -18,6 +19,27 @@ import jspec  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def require(name: str, *, optional: bool = False):
+  """Import `name`, a package the tests need beyond jspec's own dependencies (torch and
+  transformers, the references of the parity tests; the notebook runner; matplotlib: all
+  in pyproject's `dev` extra). When it cannot be imported: under CI (CI=true), which
+  installs `.[dev]`, the test fails, since a missing reference there is a broken
+  environment and not a reason to skip; elsewhere the test (or, at module level, the
+  module) is skipped with the reason, or with optional=True None is returned and the
+  test runs without it."""
+  try:
+    return importlib.import_module(name)
+  except ImportError as e:
+    error = e
+  if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
+    pytest.fail(f"{name} cannot be imported under CI, which installs it (pip install -e "
+                f"'.[dev]'): {error}", pytrace=False)
+  if optional:
+    return None
+  pytest.skip(f"{name} is not installed ({error}): pip install -e '.[dev]'",
+              allow_module_level=True)
 
 
 @jax.jit
@@ -214,140 +236,10 @@ def assert_reproduces_chat_manifest(target, drafter, manifest: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- test lanes
-# `pytest` (README's command) runs the fast lane; `pytest -m slow` the slow lane, and CI runs
-# both. A test goes to the slow lane when it takes many seconds on a 2-core CPU: notebooks,
-# several processes, large enumerations, training, torch parity, the real model, benchmark
-# sections, and the second and later parametrisations of the long exactness tests (their first
-# case stays fast, so every property keeps one check in the fast lane). Tests can also carry
-# `@pytest.mark.slow` themselves.
-SLOW_MODULES = {"test_notebooks", "test_training", "test_hf_parity", "test_bench",
-                "test_bench_real", "test_rl_rollouts"}
-SLOW_TESTS = {  # every case
-    "test_dynamic.py::test_costs_of_filtered_sampling_are_their_own",
-    "test_dynamic.py::test_call_costs_time_a_rounds_calls_together_or_apart",
-    "test_dynamic.py::test_sampled_whole_sequences_follow_target",
-    "test_dynamic.py::test_evidence_counts_proposed_drafts_only",
-    "test_dynamic.py::test_costs_are_cached_on_disk",
-    "test_dynamic.py::test_plain_rounds_score_a_lookups_first_draft",
-    "test_dynamic.py::test_probes_after_idle_rounds_back_off",
-    "test_dynamic.py::test_sampled_ngram_follows_target_with_plain_round_evidence",
-    "test_dynamic.py::test_plain_rounds_evidence_brings_drafting_back",
-    "test_generate.py::test_greedy_speculative_equals_baseline_bf16",
-    "test_generate.py::test_eos_inside_accepted_run_truncates",
-    "test_generate.py::test_no_recompile_within_buckets",
-    "test_generate.py::test_per_row_seed_independent_of_batch_position",
-    "test_generate.py::test_identical_draft_sampled_acceptance_near_one",
-    "test_eagle.py::test_training_lowers_the_loss",
-    "test_eagle.py::test_training_resumes_from_its_checkpoint",
-    "test_checkpoint.py::test_save_without_tokenizer_or_eos",
-    "test_errors.py::test_cache_exactly_large_enough_works",
-    "test_distribution.py::test_whole_sequence_distribution",
-    "test_distribution.py::test_reduced_vocabulary_draft_keeps_the_distribution",
-    "test_distribution.py::test_reduced_vocabulary_eagle_keeps_the_distribution",
-    "test_distribution.py::test_suffix_drafter_with_memory_keeps_the_distribution",
-    "test_suffix.py::test_memory_across_calls_raises_acceptance",
-    "test_constrained.py::test_a_narrower_tokenizer_pads_the_model_vocabulary",
-    "test_constrained.py::test_logprobs_follow_the_constrained_distribution",
-    "test_logprobs.py::test_auto_k_records_logprobs_and_per_row_counters",
-    "test_constrained.py::test_a_few_sampled_rows_stay_in_the_language",
-    "test_suffix.py::test_lookup_trees_greedy_equal_baseline",
-    "test_reduced_vocab.py::test_eagle_with_a_reduced_vocabulary",
-    "test_reduced_vocab.py::test_greedy_equals_baseline_with_a_reduced_vocabulary",
-    "test_model.py::test_cache_layouts_decode_identically",  # fast: ..._hold_the_same_k_v
-    "test_dynamic.py::test_feature_drafters_greedy_equals_baseline",  # fast: the EAGLE cache
-    "test_medusa.py::test_a_few_training_steps_lower_the_loss",
-    "test_medusa.py::test_train_medusa_saves_reports_and_resumes",
-    "test_sharding.py::test_two_processes_match_single_process",
-    "test_sharding.py::test_sharded_runs_equal_one_device",
-    "test_measure.py::test_report_on_a_draft_equal_to_the_target",
-    "test_tree.py::test_tree_accepts_more_than_its_chain",
-    "test_tree.py::test_compaction_equals_chain_prefill",
-    "test_tree.py::test_tree_whole_sequence_distribution",
-    "test_tree.py::test_feature_drafter_whole_sequence_distribution",
-    "test_ngram.py::test_sampled_sequence_distribution",
-    "test_shipped.py::test_distilled_draft_beats_text_draft_and_speculation_is_exact",
-    "test_shipped.py::test_heldout_loss_matches_manifest",
-    "test_model.py::test_nnx_module_matches_model_and_trains",
-    # One subprocess runs every mesh (8 simulated devices): its fixture alone took minutes.
-    "test_sharding.py::test_tensor_parallel_param_bytes",
-    "test_sharding.py::test_load_places_params_on_the_mesh",
-    "test_flax_integration.py::test_acceptance_rises_as_the_draft_distils",  # trains a draft
-    # Kept in the fast lane by a sibling: static greedy by test_static_greedy_equals_zero_
-    # temperature_params, "auto" by test_greedy_equals_baseline, EAGLE's exactness by the
-    # custom-model test and test_chain_rounds_keep_the_invariant..., text by
-    # test_generate_text_batch_matches_token_api.
-    "test_generate.py::test_static_greedy_only_when_every_row_is_greedy",
-    "test_generate.py::test_mixed_greedy_and_sampled_rows",
-    "test_dynamic.py::test_ngram_greedy_equals_baseline",
-    "test_dynamic.py::test_lookup_count_caps_k",
-    "test_eagle.py::test_greedy_equality_through_the_decode_loop",
-    "test_tokenizer.py::test_generate_text_stops_at_eos",
-    "test_ngram.py::test_greedy_loops_are_drafted",  # exactness: test_greedy_ngram_equals_baseline
-    "test_sharding.py::test_compiled_round_has_no_host_transfer",  # compiles for 8 devices
-    # The example's distillation run (a fixture of 25 s) serves only these two.
-    "test_flax_integration.py::test_eval_step_compiles_once_for_every_draft_state",
-    # "auto" greedy equality: kept fast by test_auto_without_a_profile_uses_the_prior_...
-    "test_dynamic.py::test_greedy_equals_baseline",
-    # Kept fast by test_chunks_leave_the_cache_of_one_call and test_cached_blocks_equal_...
-    "test_prefill.py::test_decoding_over_chunked_prefill_is_unchanged",
-    "test_model.py::test_rows_with_different_starts",
-    "test_cost_model.py::test_the_device_probe_measures_sane_rates",  # 512 MB, several compiles
-    # A tool's report (its parts, acceptance per position and prompt reading, stay fast).
-    "test_measure.py::test_report_with_a_lookup_drafter",
-    "test_measure.py::test_report_with_lookahead_counts_its_whole_verify_block",
-    # Kept fast by test_logprobs_equal_a_full_forward's first case, the GGUF logits parity,
-    # test_drafts_stay_in_the_set_and_q_is_zero_outside.
-    "test_logprobs.py::test_speculative_records_what_baseline_records",
-    "test_gguf.py::test_greedy_decoding_from_a_gguf_equals_transformers",
-    "test_gguf.py::test_speculative_on_a_gguf_target_is_exact",
-    "test_reduced_vocab.py::test_the_set_reaches_the_decoding_program",
-    # Lookahead's sampled exactness (enumeration); its greedy equality stays fast.
-    "test_distribution.py::test_lookahead_keeps_the_distribution",
-    # Dynamic trees' and EAGLE-3's sampled exactness (enumerations), EAGLE-3 training
-    # through the engine (its stored-feature training stays fast in test_recipe_eagle3),
-    # and the dynamic tree's compaction (its greedy equality stays fast).
-    "test_dynamic_tree.py::test_dynamic_tree_keeps_the_distribution",
-    "test_eagle3.py::test_training_lowers_the_loss_and_raises_acceptance",
-    "test_dynamic_tree.py::test_compaction_equals_chain_prefill",
-    "test_eagle3.py::test_measure_cli_with_a_saved_head",  # the CLI: test_measure stays fast
-    "test_eagle3.py::test_shipped_smollm2_head_reproduces_its_manifest",  # the real model
-    # Draft-model distillation through the engine (its save/load and exactness stay fast).
-    "test_draft_checkpoint.py::test_distillation_lowers_kl_and_raises_engine_acceptance",
-    "test_draft_checkpoint.py::test_shipped_smollm2_draft_reproduces_its_manifest",
-}
-FIRST_CASE_FAST = {  # the first parametrisation fast, the others slow
-    "test_generate.py::test_greedy_speculative_equals_baseline",
-    "test_logprobs.py::test_logprobs_equal_a_full_forward",
-    "test_constrained.py::test_greedy_constrained_speculative_equals_baseline",
-    "test_suffix.py::test_greedy_equals_baseline",
-    "test_lookahead.py::test_greedy_equals_baseline",
-    "test_tree.py::test_features_reach_the_drafter",
-    "test_generate.py::test_stream_sends_every_committed_token_in_order",
-    "test_generate.py::test_static_greedy_equals_zero_temperature_params",
-    "test_checkpoint.py::test_round_trip_identical_params_and_logits",
-    "test_acceptance.py::test_implicit_one_hot_q_equals_materialised",
-    "test_acceptance.py::test_accept_greedy_equals_one_hot_p",
-    "test_tree.py::test_greedy_tree_equals_baseline",
-    "test_gguf.py::test_logits_match_transformers_gguf_loading",
-    "test_gguf.py::test_round_trip_of_every_family_equals_the_original",
-    "test_model.py::test_cached_blocks_equal_full_forward",
-    "test_model.py::test_batch1_steps_equal_full_forward",
-    "test_flax_integration.py::test_medusa_and_eagle_decode_custom_models",  # plain fast, Linen slow
-    "test_generate.py::test_round_result_reports_what_the_round_did",
-    "test_reduced_vocab.py::test_drafts_stay_in_the_set_and_q_is_zero_outside",
-    "test_dynamic_tree.py::test_greedy_equals_baseline",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-  """Put each collected test in its lane (see SLOW_MODULES, SLOW_TESTS, FIRST_CASE_FAST)."""
-  seen: set = set()
-  for item in items:
-    module = item.path.stem
-    function = f"{item.path.name}::{item.originalname}"
-    slow = module in SLOW_MODULES or function in SLOW_TESTS
-    if function in FIRST_CASE_FAST:
-      slow = function in seen
-      seen.add(function)
-    if slow:
-      item.add_marker(pytest.mark.slow)
+# `pytest` (README's command) runs the fast lane: pyproject's addopts deselect `slow`;
+# `pytest -m slow` runs the slow lane, and CI runs both. A test carries `@pytest.mark.slow`
+# (a whole module `pytestmark = pytest.mark.slow`, one parametrisation
+# `pytest.param(..., marks=pytest.mark.slow)`) when it takes many seconds on a 2-core CPU:
+# notebooks, several processes, large enumerations, training, torch parity, the real model,
+# benchmark sections, and the second and later parametrisations of the long exactness tests
+# (their first case stays fast, so every property keeps one check in the fast lane).

@@ -112,7 +112,9 @@ def _random_chain(seed, B, K, V):
   return jnp.asarray(p), jnp.asarray(drafts, jnp.int32), keys
 
 
-@pytest.mark.parametrize("B,K,V", [(1, 1, 7), (5, 0, 7), (16, 3, 64), (64, 4, 300), (9, 8, 33)])
+@pytest.mark.parametrize("B,K,V", [(1, 1, 7)] + [
+    pytest.param(*c, marks=pytest.mark.slow)
+    for c in ((5, 0, 7), (16, 3, 64), (64, 4, 300), (9, 8, 33))])
 def test_implicit_one_hot_q_equals_materialised(B, K, V):
   """q = None (one-hot at the drafts, never built) draws the very same tokens as a
   materialised one-hot q for the same keys: same uniforms, same residual."""
@@ -155,7 +157,8 @@ def test_implicit_one_hot_q_distribution():
   assert not np.any(nxt == 5)
 
 
-@pytest.mark.parametrize("q_kind", ["none", "one_hot", "dense"])
+@pytest.mark.parametrize("q_kind", ["none", pytest.param("one_hot", marks=pytest.mark.slow),
+                                    pytest.param("dense", marks=pytest.mark.slow)])
 def test_accept_greedy_equals_one_hot_p(q_kind):
   """The static greedy rule (argmax only) is `accept_chain` with one-hot p, whatever q."""
   rng = np.random.default_rng(6)

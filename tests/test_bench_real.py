@@ -15,10 +15,14 @@ import os
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf
+
+from conftest import require
 
 import jspec  # noqa: E402
 from jspec.tools import bench_real, real_report, real_sections  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the real-model bench, end to end
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS = 64, 32, 2, 4, 2
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'"
@@ -86,12 +90,9 @@ def write_tiny_llama(path, seed=0):
 
 
 def _has_transformers():
-  try:
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-  except ImportError:
-    return False
-  return True
+  """Whether the transformers side runs: torch and transformers importable (under CI,
+  which installs them, a missing one fails the test instead)."""
+  return all(require(name, optional=True) is not None for name in ("torch", "transformers"))
 
 
 @pytest.mark.slow
@@ -137,6 +138,12 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
       assert math.isfinite(row["jspec_over_transformers"])
       for a in row["agreement"]:
         assert 0 <= a["leading_equal"] <= min(a["tokens_jspec"], a["tokens_transformers"])
+        # Same file, same f32 values: identical answers, or answers that part where the
+        # target's top-2 logits nearly tie (the near-tie rule of assert_greedy_match).
+        if a["identical"]:
+          assert "top2_gap_at_divergence" not in a, a
+        else:
+          assert a.get("top2_gap_at_divergence", float("inf")) < 1e-4, (kind, a)
     # Same file, same f32 values: the answers agree unless a near-tie flips.
     assert tr["answers"] == 3
   else:
@@ -172,11 +179,16 @@ def test_real_bench_end_to_end(tmp_path, monkeypatch):
   assert again["verify"] == json.loads(json.dumps(report["verify"]))
   assert again["batch"]["1"]["baseline_tokens_per_s"] > 0
 
-  # Answers that part: the leading run and the top-2 logit gap where they part.
+  # Answers that part: the leading run, and the top-2 logit gap where they part, which is
+  # the target's own (an unpadded forward over the prompt and the shared run).
   kind, ids = prompts[1]
-  [row] = real_sections._agreement(target, [(kind, ids)], [[5, 6, 7, 8]], [[5, 6, 9]], 64)
+  [row, same] = real_sections._agreement(target, [(kind, ids)] * 2, [[5, 6, 7, 8], [5, 6]],
+                                         [[5, 6, 9], [5, 6]], 64)
   assert row["leading_equal"] == 2 and not row["identical"]
-  assert row["top2_gap_at_divergence"] >= 0
+  top2 = np.sort(np.asarray(target.logits(np.asarray([list(ids) + [5, 6]], np.int32)))[0, -1])
+  assert row["top2_gap_at_divergence"] == pytest.approx(top2[-1] - top2[-2], rel=1e-4,
+                                                        abs=1e-5)
+  assert same["identical"] and same["leading_equal"] == 2 and "top2_gap_at_divergence" not in same
 
 
 def test_leading_agreement():
@@ -190,7 +202,8 @@ def test_assisted_bench_against_transformers(tmp_path, monkeypatch):
   """`jspec.tools.bench_assisted` on the tiny GGUF with a draft model that borrows its
   embedding: every variant runs, jspec's and transformers' speculative answers equal
   their greedy ones, rates and ratios are finite."""
-  pytest.importorskip("transformers")
+  require("torch")
+  require("transformers")
   from jspec.io import draft_checkpoint
   from jspec.recipes import smollm2_draft as recipe_draft
   from jspec.tools import bench_assisted

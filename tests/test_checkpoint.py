@@ -51,7 +51,8 @@ def saved(tmp_path_factory):
 # ----------------------------------------------------------------------------- round trips
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [jnp.float32,
+                                   pytest.param(jnp.bfloat16, marks=pytest.mark.slow)])
 def test_round_trip_identical_params_and_logits(tmp_path, dtype):
   model = tiny_model(dtype, tie=dtype == jnp.bfloat16)
   jspec.save(model, tmp_path / "ckpt")
@@ -79,6 +80,7 @@ def test_dtype_cast_on_load(saved):
     jspec.load(path, dtype="int32")
 
 
+@pytest.mark.slow
 def test_save_without_tokenizer_or_eos(tmp_path):
   model = jspec.models.init(tiny_config(vocab_size=V, layers=1), seed=1)
   jspec.save(model, tmp_path / "bare")

@@ -50,7 +50,8 @@ def _drafter(method, target, close_draft):
           }[method]
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "tree", "auto"])
+@pytest.mark.parametrize("method", ["draft_model"] + [pytest.param(m, marks=pytest.mark.slow)
+                                                  for m in ("ngram", "tree", "auto")])
 def test_greedy_constrained_speculative_equals_baseline(target, close_draft, regex, method):
   prompts = ragged_prompts(3, target.vocab_size, seed=6, min_len=2, max_len=9)
   per_row = [regex, None, regex]  # one row free: it must decode as without a constraint
@@ -133,6 +134,7 @@ def test_whole_sequence_constrained_distribution():
   assert not chi_square_ok(np.bincount(codes, minlength=V ** NEW), expected)
 
 
+@pytest.mark.slow
 def test_a_few_sampled_rows_stay_in_the_language(target, regex):
   """The fast sibling of the 400-row check: sampled plain and speculative rows."""
   prompts = ragged_prompts(8, target.vocab_size, seed=2, min_len=1, max_len=6)
@@ -144,6 +146,7 @@ def test_a_few_sampled_rows_stay_in_the_language(target, regex):
       assert row[n - 1] == EOS and re.fullmatch(PATTERN, text_of(row)), text_of(row)
 
 
+@pytest.mark.slow
 def test_logprobs_follow_the_constrained_distribution(target, close_draft, regex):
   prompts = [[5, 6, 7]]
   out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
@@ -176,6 +179,7 @@ def test_constraint_errors(target, close_draft):
     jspec.Constraint.from_regex("Q+", VOCAB, eos_ids=[EOS])
 
 
+@pytest.mark.slow
 def test_a_narrower_tokenizer_pads_the_model_vocabulary(target):
   """A tokenizer with fewer ids than the model (padded embeddings): the extra ids are
   never emitted."""

@@ -62,6 +62,7 @@ def assert_exact_counts(spec, exact, what):
   assert_counts_match(sequence_counts(spec.tokens), exact, what)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_whole_sequence_distribution(pair, temperature, top_k):
   target, draft = pair
@@ -80,6 +81,7 @@ def test_whole_sequence_distribution(pair, temperature, top_k):
   assert not chi_square_ok(sequence_counts(from_draft.tokens), exact)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_reduced_vocabulary_draft_keeps_the_distribution(pair, temperature, top_k):
   """A draft that scores only 4 of the 6 ids (FR-Spec): its q is zero at ids 1 and 4,
@@ -105,6 +107,7 @@ def test_reduced_vocabulary_draft_keeps_the_distribution(pair, temperature, top_
   assert_counts_match(counts, exact, "reduced-vocabulary speculative")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers", [(), (0, 0)], ids=["eagle1", "eagle3"])
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_k, layers):
@@ -126,6 +129,7 @@ def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_
   assert_exact_counts(spec, exact, "reduced-vocabulary EAGLE")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, top_k):
   """Suffix drafting from a memory of earlier outputs (deterministic, frequency-chosen
@@ -144,6 +148,7 @@ def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, to
     assert_exact_counts(spec, exact, f"suffix drafting, {name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_lookahead_keeps_the_distribution(pair, temperature, top_k):
   """Lookahead decoding: candidates from the pool (prompt n-grams, then the Jacobi

@@ -98,6 +98,7 @@ def test_errors(pair, tmp_path):
     DC.load_draft(tmp_path / "d", target)
 
 
+@pytest.mark.slow
 def test_distillation_lowers_kl_and_raises_engine_acceptance(tmp_path):
   """The recipe's objective and step on a tiny target's stored last-layer outputs: KL
   falls, top-1 agreement rises, and the saved draft's tau through the engine rises."""
@@ -156,6 +157,7 @@ def test_distillation_lowers_kl_and_raises_engine_acceptance(tmp_path):
   assert tau_after > tau_before + 0.1
 
 
+@pytest.mark.slow
 def test_shipped_smollm2_draft_reproduces_its_manifest():
   """checkpoints/smollm2-draft loads for SmolLM2-135M-Instruct (borrowing its embedding)
   and reproduces the held-out chat tau of its manifest (K = 4 chain, greedy, batch 1)

@@ -33,6 +33,7 @@ def used(out):
   return {k for k, r in out.rounds_by_k.items() if r}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("which", ["close", "far"])
 def test_greedy_equals_baseline(target, close_draft, far_draft, batch, which):
@@ -76,6 +77,7 @@ def test_catch_up_after_plain_rounds_matches_prefill(target, far_draft):
   assert not np.allclose(state["v"][:, 0, :, :39], full["v"][:, 0, :, :39], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_ngram_greedy_equals_baseline(target):
   prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [1, 2, 3, 1, 2, 3, 1, 2]]
   kw = dict(max_new_tokens=30, eos_id=())
@@ -108,6 +110,7 @@ class CountedLookup:
     return drafts, jnp.full(context.lengths.shape, self.allow, jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allow", [0, 1, 2])
 def test_lookup_count_caps_k(target, allow):
   """A drafter with `lookup` never drafts more than its count: with nothing proposed
@@ -133,6 +136,7 @@ def test_plain_decoding_when_speculation_cannot_win(target, close_draft):
   assert int(np.sum(np.asarray(out.stats.accepted))) == 0
 
 
+@pytest.mark.slow
 def test_sampled_whole_sequences_follow_target(monkeypatch):
   """Enumeration over V^3 sequences (test_distribution.py) while K switches mid-sequence.
 
@@ -153,6 +157,7 @@ def test_sampled_whole_sequences_follow_target(monkeypatch):
   assert_counts_match(enumeration.sequence_counts(spec.tokens), exact, "auto")
 
 
+@pytest.mark.slow
 def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
   drafter = jspec.DraftModel(far_draft)
@@ -177,6 +182,7 @@ def test_costs_are_cached_on_disk(tmp_path, monkeypatch, target, far_draft):
     profile.round_costs(target, drafter, 1, 128, (0, 2))
 
 
+@pytest.mark.slow
 def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch, target,
                                                          far_draft):
   """By default the verify and the proposal are timed back to back in one loop body
@@ -209,6 +215,7 @@ def test_call_costs_time_a_rounds_calls_together_or_apart(tmp_path, monkeypatch,
     assert all(c > 0 for c in costs) and costs[0] <= costs[1] <= costs[2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k,top_p,filtered", [(0, 1.0, False), (0, 0.9, True),
                                                    (5, 1.0, True)])
 def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target, far_draft,
@@ -309,6 +316,7 @@ def test_monotone_costs():
   assert schedule.monotone((4, 0, 2), (5.0, 1.0, 3.0)) == (5.0, 1.0, 3.0)  # unsorted, fine
 
 
+@pytest.mark.slow
 def test_probes_after_idle_rounds_back_off(target, far_draft):
   """A prior that says "never speculate" still drafts after probe_every idle rounds,
   then after twice as many, and so on: gaps 5, 10, 20, 40."""
@@ -436,6 +444,7 @@ def test_switch_margin_keeps_a_near_tie(margin):
   assert not bool(schedule.stays(due, auto, remaining, None, 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allow", [0, 1, 2])
 def test_evidence_counts_proposed_drafts_only(target, allow):
   """A round at K = 2 whose lookup had `allow` drafts judges its placeholders too, but
@@ -481,6 +490,7 @@ class Oracle:
     return self.lookup(context, num_drafts)[0], None, state
 
 
+@pytest.mark.slow
 def test_plain_rounds_score_a_lookups_first_draft(target):
   """A round at K = 0 judges a lookup's first draft against the emitted token: row 0's
   draft is the target's greedy token (accepted), row 1's is not, row 2 has none."""
@@ -508,6 +518,7 @@ def test_plain_rounds_score_a_lookups_first_draft(target):
     np.testing.assert_array_equal(new.schedule.accepted, np.asarray(want[1], np.float32))
 
 
+@pytest.mark.slow
 def test_plain_rounds_evidence_brings_drafting_back(target):
   """A prior that says "do not draft" and no probes: only the evidence of plain rounds
   can move the loop to K > 0, and with a lookup that is always right it does."""
@@ -526,6 +537,7 @@ def test_plain_rounds_evidence_brings_drafting_back(target):
   assert out.rounds_by_k[0] > 0 and out.rounds_by_k[2] > 0, out.rounds_by_k
 
 
+@pytest.mark.slow
 def test_sampled_ngram_follows_target_with_plain_round_evidence():
   """Enumeration (test_distribution.py) with an n-gram drafter under a schedule that
   starts at K = 0 and drafts only once a plain round's first draft was right: the
@@ -562,6 +574,7 @@ def _feature_drafter(kind, target):
   return E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config)
 
 
+@pytest.mark.slow  # fast: the EAGLE cache
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_feature_drafters_greedy_equals_baseline(target, kind):
   """Medusa and EAGLE under "auto": rounds at K = 0 keep the features current (EAGLE

@@ -118,8 +118,9 @@ def target():
   return numpy_drawn_target(48)
 
 
-@pytest.mark.parametrize("layers", [(), (0, 1)], ids=["eagle1", "eagle3"])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("layers", [(), pytest.param((0, 1), marks=pytest.mark.slow)],
+                         ids=["eagle1", "eagle3"])
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_greedy_equals_baseline(target, layers, batch):
   config = E.EagleConfig.for_target(target.config, initializer_range=0.3, feature_layers=layers)
   eagle = E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config)
@@ -135,6 +136,7 @@ def test_greedy_equals_baseline(target, layers, batch):
     assert accepted > 0
 
 
+@pytest.mark.slow
 def test_compaction_equals_chain_prefill(target):
   """After dynamic-tree rounds, the target cache at every committed slot but the last
   equals that of feeding the committed tokens as a plain chain."""
@@ -165,6 +167,7 @@ def test_errors(target):
                     RowTree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_dynamic_tree_keeps_the_distribution(temperature, top_k):
   """Whole-sequence enumeration (V = 6, 3 new tokens, 20,000 rows): an EAGLE head with

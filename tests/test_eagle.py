@@ -245,6 +245,7 @@ def test_tree_candidates_follow_the_ranks_of_each_parent(eagle, sequences):
     fs, L = L - 1, L + rng.integers(0, tree.max_depth + 1, size=3) + 1
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(target):
   cfg = TE.EagleTrainConfig(steps=20, batch_size=4, seq_len=16, learning_rate=3e-3,
                             warmup_steps=3, checkpoint_every=1000, feature_noise=0.05)
@@ -260,6 +261,7 @@ def test_training_lowers_the_loss(target):
   assert result.heldout["ce"] < initial["ce"]
 
 
+@pytest.mark.slow
 def test_training_resumes_from_its_checkpoint(target, tmp_path):
   rng = np.random.default_rng(1)
   data = rng.integers(0, target.vocab_size, size=(4, 2, 8)).astype(np.int32)
@@ -363,6 +365,7 @@ def test_bad_inputs(eagle, target, tmp_path):
                   head_dim=4, intermediate_size=8)
 
 
+@pytest.mark.slow
 def test_greedy_equality_through_the_decode_loop(target, eagle):
   """Chains and trees: greedy output equals the target's own. With a vocabulary of 48
   the head's drafts are sometimes right, so rounds accept drafts and the loop's
@@ -388,18 +391,41 @@ def test_greedy_equality_through_the_decode_loop(target, eagle):
 
 
 def test_shipped_head_loads_and_agrees_with_its_target():
+  """checkpoints/code-eagle (it ships) is what its manifest says it is: config, parameter
+  count, stored dtype, training length; its held-out figures: the slow test below."""
   from jspec.io import shipped
 
-  here = os.path.join(shipped.checkpoints_dir(), "code-eagle")
-  if not os.path.isdir(here):
-    pytest.skip("no shipped EAGLE head")
-  with open(os.path.join(here, "manifest.json")) as f:
-    manifest = json.load(f)
-  for key in ("command", "steps", "tokens_seen", "wall_seconds", "heldout"):
-    assert key in manifest
+  here = os.path.join(shipped.checkpoints_dir(), shipped.EAGLE)
+  manifest = shipped.manifest(shipped.EAGLE)
   target = shipped.load()
+  stored = E.load_eagle(here, target, dtype=None)
+  assert {str(x.dtype) for x in jax.tree_util.tree_leaves(stored.params)} == {
+      manifest["stored_dtype"]}
   head = E.load_eagle(here, target)
   assert head.params["fc"]["kernel"].dtype == jnp.float32
+  config = head.config.to_dict()
+  assert not config.pop("feature_layers", None)  # EAGLE-1 (written before the field was)
+  assert config == manifest["config"]
+  assert sum(x.size for x in jax.tree_util.tree_leaves(head.params)) == manifest["parameters"]
+  cfg = manifest["train_config"]
+  assert manifest["steps"] == cfg["steps"] == manifest["history"][-1]["step"]
+  assert manifest["tokens_seen"] == cfg["steps"] * cfg["batch_size"] * cfg["seq_len"]
   windows = shipped.heldout()["windows"][:2, :64]
   metrics = TE.evaluate(head, target, windows)
   assert metrics["top1"] > 0.4, metrics  # teacher-forced agreement with the target's argmax
+
+
+@pytest.mark.slow  # 64 windows of 256 tokens through the target and the head
+def test_shipped_head_reproduces_its_heldout_metrics():
+  """The held-out figures of code-eagle's manifest, evaluated again on the same windows of
+  heldout.npz (teacher forced: cross-entropy, feature loss, top-1 agreement)."""
+  from jspec.io import shipped
+
+  target = shipped.load()
+  head = E.load_eagle(os.path.join(shipped.checkpoints_dir(), shipped.EAGLE), target)
+  want = shipped.manifest(shipped.EAGLE)["heldout"]
+  windows = shipped.heldout()["windows"]
+  assert windows.shape[0] == want["windows"]
+  metrics = TE.evaluate(head, target, windows[:, :want["tokens_per_window"]])
+  for key in ("ce", "feature_loss", "top1"):
+    assert metrics[key] == pytest.approx(want[key], rel=0.01, abs=2e-3), (key, metrics, want)

@@ -149,6 +149,7 @@ def test_save_load_round_trip(target, eagle3, tmp_path):
   assert drafter_from_dir(str(tmp_path / "reduced"), target).feature_layers == LAYERS
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss_and_raises_acceptance():
   """An EAGLE-3 head trained with a three-step training-time test on the target's own
   greedy text: held-out cross-entropy falls, top-1 agreement of the last unrolled step
@@ -195,6 +196,7 @@ def test_bench_of_saved_heads(target, eagle3, tmp_path):
     assert row["tau"] >= 1.0
 
 
+@pytest.mark.slow  # the CLI: test_measure stays fast
 def test_measure_cli_with_a_saved_head(tmp_path):
   """`jspec measure --drafter DIR` with an EAGLE-3 head folder (random, reduced to 512
   ids) for the shipped code target: rows carry k, tau, alpha, and the speculative output
@@ -219,6 +221,7 @@ def test_measure_cli_with_a_saved_head(tmp_path):
   assert rows[0]["equal_to_baseline"] is True and rows[0]["t_draft_round_ms"] > 0
 
 
+@pytest.mark.slow  # the real model
 def test_shipped_smollm2_head_reproduces_its_manifest():
   """checkpoints/smollm2-eagle3 loads for SmolLM2-135M-Instruct and reproduces the
   held-out chat tau of its manifest (K = 4 chain, greedy, batch 1) within 3% per prompt

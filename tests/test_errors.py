@@ -70,6 +70,7 @@ def test_baseline_checks_too(small, monkeypatch):
     small.logits(np.array([[1, 99]]))
 
 
+@pytest.mark.slow
 def test_cache_exactly_large_enough_works(small):
   # prompt 3 + 10 new + K 3 + 1 = 17 slots: the bound is tight, not off by one.
   out = jspec.speculative_generate(small, small, [[1, 2, 3]], num_draft_tokens=3,

@@ -34,6 +34,7 @@ def distill_run():
   return history, len(traces)
 
 
+@pytest.mark.slow  # trains a draft
 def test_acceptance_rises_as_the_draft_distils(distill_run):
   history, _ = distill_run
   assert [e["step"] for e in history] == [0, 20, 40, 60]
@@ -44,6 +45,7 @@ def test_acceptance_rises_as_the_draft_distils(distill_run):
   assert all(0.0 <= e["acceptance"] <= 1.0 for e in history)
 
 
+@pytest.mark.slow
 def test_eval_step_compiles_once_for_every_draft_state(distill_run):
   history, traces = distill_run
   # Four evaluations, each with the state the optimizer had just written (the
@@ -109,7 +111,8 @@ def test_custom_architecture_decodes_exactly(custom, plain_model):
   _check_exact(custom, plain_model)
 
 
-@pytest.mark.parametrize("kind", ["plain", "linen"])
+# plain fast, Linen slow
+@pytest.mark.parametrize("kind", ["plain", pytest.param("linen", marks=pytest.mark.slow)])
 def test_medusa_and_eagle_decode_custom_models(custom, plain_model, linen_model, kind):
   """Heads reach the target's embedding and LM head through `Model.head_fn` only: no
   reference-decoder params, no import of the model zoo. Random heads, greedy: the

@@ -10,8 +10,8 @@ from jspec.core import programs
 from conftest import assert_greedy_match, perturbed, ragged_prompts, tiny_config
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
-@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("batch", [1] + [pytest.param(b, marks=pytest.mark.slow) for b in (3, 8)])
+@pytest.mark.parametrize("k", [1] + [pytest.param(k, marks=pytest.mark.slow) for k in (3, 7)])
 def test_greedy_speculative_equals_baseline(target, close_draft, far_draft, batch, k):
   prompts = ragged_prompts(batch, 64, seed=batch * 10 + k)
   base = jspec.generate(target, prompts, max_new_tokens=24)
@@ -30,6 +30,7 @@ def test_greedy_speculative_equals_baseline(target, close_draft, far_draft, batc
   assert 0 < int(np.sum(spec.stats.accepted)) < batch * 24
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_baseline_bf16():
   """bf16 params and caches (what TPU/GPU users run). Block shapes change bf16
   rounding more than f32's, so the near-tie tolerance scales with bf16's precision
@@ -67,6 +68,7 @@ def test_identical_draft_accepts_everything(target, k):
   np.testing.assert_array_equal(out.stats.accepted, 20 - rounds)
 
 
+@pytest.mark.slow
 def test_identical_draft_sampled_acceptance_near_one(target):
   out = jspec.speculative_generate(target, target, ragged_prompts(8, 64, seed=6),
                                    num_draft_tokens=4, max_new_tokens=30, temperature=1.0)
@@ -75,6 +77,7 @@ def test_identical_draft_sampled_acceptance_near_one(target):
   assert int(np.sum(out.stats.accept_hist[:4])) <= 0.02 * proposed
 
 
+@pytest.mark.slow
 def test_mixed_greedy_and_sampled_rows(target, close_draft):
   prompts = ragged_prompts(4, 64, seed=8)
   temps = [0.0, 1.0, 0.0, 0.7]
@@ -101,6 +104,7 @@ def test_mixed_greedy_and_sampled_rows(target, close_draft):
     assert tok in np.argsort(logits[P - 1 + i])[-5:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 7])
 def test_eos_inside_accepted_run_truncates(target, k):
   prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
@@ -161,6 +165,7 @@ def test_same_seed_same_output_and_rows_independent(target, close_draft):
   assert not np.array_equal(a, d)
 
 
+@pytest.mark.slow
 def test_per_row_seed_independent_of_batch_position(target, close_draft):
   prompt = [5, 6, 7]
   alone = jspec.speculative_generate(target, close_draft, [prompt], num_draft_tokens=3,
@@ -178,6 +183,7 @@ def test_array_prompts_with_lengths(target):
   np.testing.assert_array_equal(a.tokens, b.tokens)
 
 
+@pytest.mark.slow
 def test_no_recompile_within_buckets(target, close_draft):
   program = programs.fixed
   jspec.speculative_generate(target, close_draft, [[1, 2, 3], [4, 5]], num_draft_tokens=3,
@@ -206,6 +212,7 @@ def test_no_recompile_within_buckets(target, close_draft):
   assert program._cache_size() == greedy_size + 1
 
 
+@pytest.mark.slow
 def test_static_greedy_only_when_every_row_is_greedy(target, close_draft, monkeypatch):
   """api passes params=None (the argmax-only program) exactly when every row's
   temperature is 0; mixed and sampled batches keep per-row SamplingParams."""
@@ -245,7 +252,8 @@ def _decode(target, drafter, prompts, lengths, params, k, max_new):
   return run(target, drafter, params)
 
 
-@pytest.mark.parametrize("kind", ["baseline", "draft_model", "ngram"])
+@pytest.mark.parametrize("kind", ["baseline"] + [pytest.param(k, marks=pytest.mark.slow)
+                                                for k in ("draft_model", "ngram")])
 def test_static_greedy_equals_zero_temperature_params(target, close_draft, kind):
   """params=None (argmax-only rounds) gives the same tokens, lengths and statistics
   as explicit all-zero-temperature SamplingParams (one-hot p and q, the general rule),
@@ -290,7 +298,7 @@ def test_pure_layer_inside_user_jit(target, close_draft):
   assert_greedy_match(target, [[1, 2, 3], [4]], np.asarray(ref.tokens), np.asarray(out)[:, :10])
 
 
-@pytest.mark.parametrize("k", [0, 3, "auto"])
+@pytest.mark.parametrize("k", [0] + [pytest.param(k, marks=pytest.mark.slow) for k in (3, "auto")])
 def test_stream_sends_every_committed_token_in_order(k):
   """`stream=` hears each round's new tokens; joined, they are the output, which is the same
   as without streaming."""
@@ -324,7 +332,7 @@ def test_stream_must_be_callable():
     jspec.generate(model, [[1, 2]], max_new_tokens=2, stream="yes")
 
 
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_round_result_reports_what_the_round_did(target, close_draft, k):
   """`decode_round` returns, beside the state, what it did: per row the drafts judged,
   those accepted, the tokens committed and the target's own token; rows already done

@@ -14,9 +14,12 @@ import os
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import gguf
+
+from conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 import jax  # noqa: E402
 
@@ -152,8 +155,10 @@ def assert_logits_close(ours, ref):
   np.testing.assert_array_equal(ours.argmax(-1)[decided], ref.argmax(-1)[decided])
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("kind", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("qtype", [Q.F32] + [pytest.param(q, marks=pytest.mark.slow)
+                                             for q in (Q.Q8_0, Q.Q4_1)],
+                         ids=lambda q: q.name)
 def test_logits_match_transformers_gguf_loading(tmp_path, kind, qtype):
   path = write_gguf(tmp_path / f"{kind}.gguf", tiny_model(kind), kind, qtype)
   ref_model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -162,7 +167,8 @@ def test_logits_match_transformers_gguf_loading(tmp_path, kind, qtype):
   assert_logits_close(np.asarray(ours.logits(TOKENS)), torch_logits(ref_model, TOKENS))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama"] + [pytest.param(k, marks=pytest.mark.slow)
+                                             for k in ("qwen2", "qwen3", "gemma2")])
 def test_round_trip_of_every_family_equals_the_original(tmp_path, kind):
   model = tiny_model(kind)
   path = write_gguf(tmp_path / f"{kind}.gguf", model, kind)
@@ -182,6 +188,7 @@ def test_quantised_file_equals_its_dequantised_weights(tmp_path):
   assert ours.dtype == np.float32
 
 
+@pytest.mark.slow
 def test_greedy_decoding_from_a_gguf_equals_transformers(tmp_path):
   model = tiny_model("qwen2")
   path = write_gguf(tmp_path / "q.gguf", model, "qwen2", Q.Q8_0)
@@ -202,6 +209,7 @@ def test_greedy_decoding_from_a_gguf_equals_transformers(tmp_path):
   np.testing.assert_array_equal(np.asarray(out.tokens)[0, :n], seq[len(prompt):])
 
 
+@pytest.mark.slow
 def test_speculative_on_a_gguf_target_is_exact(tmp_path):
   ours = G.load_gguf(write_gguf(tmp_path / "l.gguf", tiny_model("llama"), "llama"))
   prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6]]

@@ -19,7 +19,9 @@ import jspec
 from jspec.io.gguf_tokenizer import PRE_SPLITS, merges_from_scores, tokenizer_from_gguf
 from jspec.io.tokenizer import load_tokenizer
 
-gguf = pytest.importorskip("gguf")
+import gguf
+
+from conftest import require
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'"
           " + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
@@ -140,7 +142,7 @@ def sentencepiece_gguf(path, eot=None, arch="llama", with_merges=False, space_pr
 @pytest.fixture(scope="module")
 def hf_auto():
   """transformers' GGUF tokenizer loader."""
-  transformers = pytest.importorskip("transformers")
+  transformers = require("transformers")
   return lambda path: transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
                                                                 gguf_file=os.path.basename(path))
 
@@ -196,7 +198,7 @@ def test_special_tokens_are_atomic_and_eos_ends_a_turn(tmp_path):
 
 
 def test_saved_tokenizer_loads_in_transformers(tmp_path):
-  transformers = pytest.importorskip("transformers")
+  transformers = require("transformers")
   byte_level_gguf(tmp_path / "tok.gguf", "qwen2", add_bos=True)
   tok = tokenizer_from_gguf(tmp_path / "tok.gguf")
   tok.save(tmp_path / "out")
@@ -243,7 +245,7 @@ def test_merges_from_scores_rank_by_score_then_length():
   scores = {"a": 0.0, "b": 0.0, "c": 0.0, "ab": -1.0, "bc": -3.0, "abc": -2.0}
   merges = merges_from_scores(vocab, scores)
   assert merges == [("a", "b"), ("ab", "c"), ("a", "bc"), ("b", "c")]  # ties: longer left first
-  base = pytest.importorskip("transformers.tokenization_utils_base")
+  base = require("transformers.tokenization_utils_base")
   assert merges == base.generate_merges(vocab, scores)
 
 

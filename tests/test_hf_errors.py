@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-tf = pytest.importorskip("transformers")
+from conftest import require
+
+torch = require("torch")
+tf = require("transformers")
 
 from jspec.models import hf  # noqa: E402
 

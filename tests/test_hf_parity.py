@@ -10,8 +10,10 @@ export back to a directory `transformers` loads.
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-tf = pytest.importorskip("transformers")
+from conftest import require
+
+torch = require("torch")
+tf = require("transformers")
 
 import jax.numpy as jnp  # noqa: E402
 
@@ -19,6 +21,8 @@ import jspec  # noqa: E402
 from jspec.io import checkpoint  # noqa: E402
 from jspec.models import hf  # noqa: E402
 from conftest import assert_greedy_match  # noqa: E402
+
+pytestmark = pytest.mark.slow  # torch parity, every family
 
 V = 64
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -40,8 +40,10 @@ def _drafters(target, close_draft):
   }
 
 
-@pytest.mark.parametrize("method", ["baseline", "draft_model", "ngram", "tree"])
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("method", ["baseline"] + [pytest.param(m, marks=pytest.mark.slow)
+                                               for m in ("draft_model", "ngram", "tree")])
+@pytest.mark.parametrize("sampled", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["greedy", "sampled"])
 def test_logprobs_equal_a_full_forward(target, close_draft, method, sampled):
   prompts = ragged_prompts(3, target.vocab_size, seed=11, min_len=2, max_len=9)
   # Repeats in the prompt give the n-gram drafter something to propose.
@@ -71,6 +73,7 @@ def test_logprobs_equal_a_full_forward(target, close_draft, method, sampled):
       assert np.all(got[~past_end] < 0.0)
 
 
+@pytest.mark.slow
 def test_speculative_records_what_baseline_records(target, close_draft):
   """Greedy: the same tokens, so the same raw log-probabilities, round by round or not."""
   prompts = ragged_prompts(4, target.vocab_size, seed=5)
@@ -100,6 +103,7 @@ def test_logprobs_off_by_default_and_bad_requests(target):
     jspec.Logprobs(top=-1)
 
 
+@pytest.mark.slow
 def test_auto_k_records_logprobs_and_per_row_counters(target, close_draft):
   """One row, K switching between 0 and 4: the log-probabilities are plain decoding's;
   position 0 is judged in every drafting round, position i only in rounds that drafted

@@ -78,8 +78,9 @@ def test_settings_are_checked(target):
 # ----------------------------------------------------------------------------- decoding
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
-@pytest.mark.parametrize("K,window,ngram,guesses", [(1, 4, 3, 3), (3, 3, 4, 2), (5, 2, 5, 1)])
+@pytest.mark.parametrize("batch", [1] + [pytest.param(b, marks=pytest.mark.slow) for b in (3, 8)])
+@pytest.mark.parametrize("K,window,ngram,guesses", [(1, 4, 3, 3)] + [
+    pytest.param(*c, marks=pytest.mark.slow) for c in ((3, 3, 4, 2), (5, 2, 5, 1))])
 def test_greedy_equals_baseline(target, batch, K, window, ngram, guesses):
   prompts = ragged_prompts(batch, target.vocab_size, seed=batch, min_len=2, max_len=10)
   prompts = [p + p[: len(p) // 2] for p in prompts]

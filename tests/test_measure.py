@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jspec
-from conftest import ragged_prompts
+from conftest import ragged_prompts, require
 from jspec.core.stats import acceptance_rates
 from jspec.tools import measure
 
@@ -41,6 +41,7 @@ def test_read_prompts(tmp_path):
     measure.read_prompts(str(empty))
 
 
+@pytest.mark.slow
 def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
   prompts = ragged_prompts(2, target.vocab_size, seed=0, min_len=3, max_len=9)
   report = measure.measure(target, target, prompts, ks=(1, 3), max_new_tokens=12, repeats=1)
@@ -58,11 +59,12 @@ def test_report_on_a_draft_equal_to_the_target(target, tmp_path):
     np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0),
                                   row["accept_hist"])
   assert "per prompt" in measure.format_table(report)
-  pytest.importorskip("matplotlib")
+  require("matplotlib")
   measure.plot(report, str(tmp_path / "m.png"))
   assert (tmp_path / "m.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_report_with_a_lookup_drafter(target):
   prompts = [[1, 2, 3, 4, 1, 2, 3]]
   report = measure.measure(target, jspec.NGram(target.vocab_size), prompts, ks=(2,),
@@ -71,6 +73,7 @@ def test_report_with_a_lookup_drafter(target):
   assert 0.0 <= row["alpha"] <= 1.0 and row["equal_to_baseline"] is True
 
 
+@pytest.mark.slow
 def test_report_with_lookahead_counts_its_whole_verify_block(target):
   la = jspec.Lookahead(target.vocab_size, window=3, ngram=3, guesses=2)
   assert measure.verify_width(la, 2) == 1 + 2 * 2 + 2 + 3  # tree, then the side branch

@@ -163,6 +163,7 @@ def test_bad_targets_and_heads(target):
 # ----------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_a_few_training_steps_lower_the_loss(target):
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, V, (4, 24)), jnp.int32)
@@ -179,6 +180,7 @@ def test_a_few_training_steps_lower_the_loss(target):
   assert not np.allclose(np.asarray(heads["w"]), 0)
 
 
+@pytest.mark.slow
 def test_train_medusa_saves_reports_and_resumes(target, tmp_path):
   rng = np.random.default_rng(1)
   data = (rng.integers(0, V, 4000).astype(np.uint16), rng.integers(0, V, 800).astype(np.uint16))

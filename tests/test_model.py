@@ -13,8 +13,11 @@ import jspec
 from conftest import jit_apply, tiny_config
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4)] + [pytest.param(*h, marks=pytest.mark.slow)
+                                                        for h in ((4, 2), (4, 1))],
+                         ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("tie", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["untied", "tied"])
 def test_cached_blocks_equal_full_forward(heads, kv_heads, tie):
   model = jspec.models.init(tiny_config(heads=heads, kv_heads=kv_heads, tie=tie), seed=1)
   rng = np.random.default_rng(0)
@@ -33,8 +36,12 @@ def test_cached_blocks_equal_full_forward(heads, kv_heads, tie):
   chex.assert_trees_all_close(jnp.concatenate(pieces, axis=1), full, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("window,softcap", [(None, None), (4, 5.0)], ids=["full", "window-softcap"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4)] + [pytest.param(*h, marks=pytest.mark.slow)
+                                                        for h in ((4, 2), (4, 1))],
+                         ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("window,softcap", [(None, None),
+                                            pytest.param(4, 5.0, marks=pytest.mark.slow)],
+                         ids=["full", "window-softcap"])
 def test_batch1_steps_equal_full_forward(heads, kv_heads, window, softcap):
   """One-token steps at batch 1 (the split step attention) match the full forward pass,
   over a cache whose later slots hold stale garbage."""
@@ -77,6 +84,7 @@ def test_step_attention_equals_attention_over_updated_cache(kv_heads):
   chex.assert_trees_all_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_rows_with_different_starts():
   """Rows decode at their own offsets: each matches its own full forward pass."""
   model = jspec.models.init(tiny_config(), seed=2)
@@ -113,6 +121,7 @@ def test_tree_block_mask_and_depth():
   np.testing.assert_allclose(tree[0, 2], chain_b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_nnx_module_matches_model_and_trains():
   config = tiny_config()
   module = jspec.models.Transformer(config, rngs=nnx.Rngs(0))
@@ -178,6 +187,7 @@ def test_cache_layouts_hold_the_same_k_v():
     layers.KVLayout("hbsd", "bhsd")
 
 
+@pytest.mark.slow  # fast: ..._hold_the_same_k_v
 @pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
 def test_cache_layouts_decode_identically(kv_heads):
   """The CPU order (K [B, Hkv, Dh, S], V [B, Hkv, S, Dh]) and the slot-major order

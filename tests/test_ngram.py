@@ -209,6 +209,7 @@ def test_greedy_datastore_equals_baseline(target, greedy_prompts, greedy_baselin
   assert np.asarray(out.stats.target_calls)[0] <= MAX_NEW // 2
 
 
+@pytest.mark.slow  # exactness: test_greedy_ngram_equals_baseline
 def test_greedy_loops_are_drafted():
   """A small-vocabulary target whose greedy output falls into loops (period 1, 2, 4):
   n-gram drafting catches them, and the output is still exactly the baseline's."""
@@ -244,6 +245,7 @@ def exact(small_target):
           for p in (MATCHING, UNMATCHED)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ngram", "datastore"])
 def test_sampled_sequence_distribution(small_target, exact, kind):
   """Temperature 1, K = 2: a row whose suffix matches at once and one where nothing

@@ -10,6 +10,10 @@ import time
 
 import pytest
 
+from conftest import require
+
+pytestmark = pytest.mark.slow  # each notebook runs top to bottom in a kernel
+
 COLAB = pathlib.Path(__file__).resolve().parents[1] / "colab"
 NAMES = ["quickstart.ipynb", "train_drafter.ipynb", "measure.ipynb"]
 CELL_TIMEOUT = 300  # seconds per cell; a whole notebook takes well under a minute on 2 cores
@@ -60,9 +64,9 @@ def python3_kernel(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_in_fallback_mode(name, python3_kernel, tmp_path, monkeypatch):
-  nbformat = pytest.importorskip("nbformat")
-  nbclient = pytest.importorskip("nbclient")
-  pytest.importorskip("ipykernel")
+  nbformat = require("nbformat")
+  nbclient = require("nbclient")
+  require("ipykernel")
   # The kernel inherits this environment: JUPYTER_PATH comes first in the kernelspec search,
   # and the fallback flag keeps the notebooks off the network and on the shipped models.
   monkeypatch.setenv("JUPYTER_PATH", python3_kernel)

@@ -95,6 +95,7 @@ def test_only_chunks_with_real_tokens_run(target, chunk):
   assert len(calls) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 3])
 def test_decoding_over_chunked_prefill_is_unchanged(target, close_draft, batch):
   prompts = ragged_prompts(batch, target.vocab_size, seed=batch, min_len=5, max_len=30)

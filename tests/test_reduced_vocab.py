@@ -16,7 +16,8 @@ from jspec.drafters.vocab_subset import frequent_tokens
 IDS = np.arange(0, 64, 2, dtype=np.int32)  # the even ids: half the vocabulary
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("tie", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["untied", "tied"])
 def test_drafts_stay_in_the_set_and_q_is_zero_outside(target, far_draft, tie):
   draft = far_draft if not tie else jspec.models.init(
       tiny_config(layers=1, hidden=16, heads=2, kv_heads=1, tie=True), seed=3)
@@ -54,6 +55,7 @@ def test_drafts_stay_in_the_set_and_q_is_zero_outside(target, far_draft, tie):
   np.testing.assert_array_equal(np.asarray(greedy)[even, 0], first_full[even])
 
 
+@pytest.mark.slow
 def test_greedy_equals_baseline_with_a_reduced_vocabulary(target, close_draft):
   prompts = ragged_prompts(3, target.vocab_size, seed=9)
   kw = dict(max_new_tokens=24, eos_id=())
@@ -67,6 +69,7 @@ def test_greedy_equals_baseline_with_a_reduced_vocabulary(target, close_draft):
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(tree.tokens))
 
 
+@pytest.mark.slow
 def test_the_set_reaches_the_decoding_program(target, close_draft):
   """Drafting only an id the target never emits here, no draft is accepted, where the
   full draft has many accepted (a decoding call that dropped the set would not see it)."""
@@ -101,6 +104,7 @@ def test_bad_ids(far_draft, ids, match):
     jspec.DraftModel.reduced(far_draft, np.asarray(ids))
 
 
+@pytest.mark.slow
 def test_eagle_with_a_reduced_vocabulary(target):
   """EAGLE drafting over half the ids: drafts and tree candidates in the set, q zero
   outside it, greedy chain and tree output equal to the baseline."""

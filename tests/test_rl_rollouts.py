@@ -10,6 +10,8 @@ import pytest
 import jspec
 from conftest import assert_greedy_match, load_example
 
+pytestmark = pytest.mark.slow  # the RL example's rollouts
+
 STEPS = 5
 
 

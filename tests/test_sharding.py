@@ -38,6 +38,7 @@ def meshes(tmp_path_factory):
   return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["1x8", "2x4", "8x1"])
 def test_sharded_runs_equal_one_device(meshes, mesh):
   one = meshes["one"]
@@ -50,6 +51,7 @@ def test_sharded_runs_equal_one_device(meshes, mesh):
   assert sum(one["spec_sampled"]["accepted"]) > 0
 
 
+@pytest.mark.slow
 def test_tensor_parallel_param_bytes(meshes):
   info = meshes["bytes_tp4"]
   quarter = info["total"] / 4
@@ -57,6 +59,7 @@ def test_tensor_parallel_param_bytes(meshes):
     assert abs(per_device - quarter) <= 0.1 * quarter, (per_device, quarter)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["native", "hf"])
 def test_load_places_params_on_the_mesh(meshes, kind):
   info = meshes["load_tp4"][kind]
@@ -71,6 +74,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_match_single_process(meshes, tmp_path):
   port = str(_free_port())
   outs = [tmp_path / f"p{i}.json" for i in range(2)]
@@ -97,6 +101,7 @@ def _host_transfers(hlo_text):
   return ops + calls
 
 
+@pytest.mark.slow  # compiles for 8 devices
 def test_compiled_round_has_no_host_transfer(target, close_draft):
   config = decode.DecodeConfig(num_draft_tokens=3, cache_length=64)
   params = jspec.SamplingParams(temperature=jnp.asarray([0.0, 1.0]), top_k=jnp.zeros((2,), jnp.int32),

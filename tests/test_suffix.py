@@ -46,7 +46,7 @@ def test_memory_is_searched_and_remembered():
     SuffixMemory.empty(1)
 
 
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", [1] + [pytest.param(b, marks=pytest.mark.slow) for b in (3, 8)])
 def test_greedy_equals_baseline(target, batch):
   prompts = ragged_prompts(batch, target.vocab_size, seed=batch, min_len=2, max_len=10)
   prompts = [p + p[: len(p) // 2] for p in prompts]  # something to match
@@ -58,6 +58,7 @@ def test_greedy_equals_baseline(target, batch):
     np.testing.assert_array_equal(base.tokens, spec.tokens)
 
 
+@pytest.mark.slow
 def test_memory_across_calls_raises_acceptance(target):
   """The same task three times: each call remembers the last one's answer, so the
   second and third drafts it, and tau rises; an empty memory drafts as no memory."""
@@ -112,6 +113,7 @@ def test_frequency_tree_ranks_continuations():
 TREE = jspec.Tree.from_paths([(0, 0, 0), (0, 1), (1, 0), (2,)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ngram", "datastore", "suffix"])
 def test_lookup_trees_greedy_equal_baseline(target, name):
   prompts = ragged_prompts(3, target.vocab_size, seed=12, min_len=3, max_len=10)

@@ -120,6 +120,7 @@ def text_model():
   return dataclasses.replace(model, tokenizer=jspec.Tokenizer(word_level(V)))
 
 
+@pytest.mark.slow
 def test_generate_text_stops_at_eos(text_model):
   tok = text_model.tokenizer
   prompt = "the draft proposes"

@@ -9,6 +9,8 @@ import pytest
 from conftest import tiny_config
 from jspec.training import corpus, train
 
+pytestmark = pytest.mark.slow  # training runs
+
 # A stream with structure to learn: a few repeated "statements" over a vocab of 32.
 _VOCAB = 32
 

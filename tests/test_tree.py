@@ -130,8 +130,11 @@ def gqa_target():
   return jspec.models.init(tiny_config(), seed=0)
 
 
-@pytest.mark.parametrize("topology", [BINARY, WIDE, Tree.chain(3)], ids=["binary", "wide", "chain3"])
-@pytest.mark.parametrize("batch,kv_heads", [(1, 2), (3, 4)], ids=["b1-gqa", "b3-mha"])
+@pytest.mark.parametrize("topology", [BINARY, pytest.param(WIDE, marks=pytest.mark.slow),
+                                      pytest.param(Tree.chain(3), marks=pytest.mark.slow)],
+                         ids=["binary", "wide", "chain3"])
+@pytest.mark.parametrize("batch,kv_heads", [(1, 2), pytest.param(3, 4, marks=pytest.mark.slow)],
+                         ids=["b1-gqa", "b3-mha"])
 def test_greedy_tree_equals_baseline(topology, batch, kv_heads):
   target = jspec.models.init(tiny_config(kv_heads=kv_heads), seed=0)
   draft = perturbed(target, 0.2, seed=7)
@@ -145,6 +148,7 @@ def test_greedy_tree_equals_baseline(topology, batch, kv_heads):
   assert int(hist.sum()) == int(np.sum(spec.stats.target_calls))
 
 
+@pytest.mark.slow
 def test_tree_accepts_more_than_its_chain(gqa_target):
   """Second choices rescue rounds where the draft's argmax is wrong: the binary tree
   emits more tokens per target call than the depth-2 chain on the same prompts."""
@@ -157,6 +161,7 @@ def test_tree_accepts_more_than_its_chain(gqa_target):
   assert tau["tree"] > tau["chain"], tau
 
 
+@pytest.mark.slow
 def test_compaction_equals_chain_prefill(gqa_target):
   """After a tree round, the target cache for every committed slot but the last
   equals the cache of feeding the committed tokens as a plain chain."""
@@ -191,6 +196,7 @@ def exact_distribution(model):
   return probs.reshape(-1)
 
 
+@pytest.mark.slow
 def test_tree_whole_sequence_distribution():
   """Temperature 1, two children per node: every emitted 3-token sequence follows
   the target's distribution, bin by bin over all 216 sequences."""
@@ -277,7 +283,8 @@ class _Recorder:
     return (jnp.take(self.text, idx) + rank) % self.vocab_size, seen
 
 
-@pytest.mark.parametrize("topology", [None, BINARY], ids=["chain", "tree"])
+@pytest.mark.parametrize("topology", [None, pytest.param(BINARY, marks=pytest.mark.slow)],
+                         ids=["chain", "tree"])
 def test_features_reach_the_drafter(gqa_target, topology):
   """Every target hidden state a feature drafter is shown is the full forward's
   hidden state at that slot, and every committed slot is shown at least once."""
@@ -328,6 +335,7 @@ def test_top_ranked_matches_a_sort():
   np.testing.assert_array_equal(tree_lib.top_ranked(tied, 3)[0], [4, 0, 1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("topology", [None, BINARY], ids=["eagle-chain-sampled-q", "eagle-tree"])
 def test_feature_drafter_whole_sequence_distribution(topology):
   """A random EAGLE head on a tiny target, temperature 1: as a chain it samples its
