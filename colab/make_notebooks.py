@@ -420,7 +420,7 @@ import time
 
 import numpy as np
 from jspec.core import sharding
-from jspec.tools import costs
+from jspec.core.stats import acceptance_rates
 from jspec.io import shipped
 from jspec.training import corpus
 from jspec.training import train as T
