@@ -121,3 +121,38 @@ def test_auto_k_records_logprobs_and_per_row_counters(target, close_draft):
   accepted = np.asarray(stats.position_accepted)[0]
   assert np.all(accepted <= judged) and np.all(np.diff(judged) <= 0)
   assert int(np.sum(accepted)) == int(stats.accepted[0])
+
+
+def test_greedy_row_records_do_not_depend_on_the_batch(target, close_draft):
+  """A greedy row's top ids and log-probabilities are the same alone (the all-greedy
+  program), beside a sampled row (the per-row program), plain or speculative: the ids of
+  its largest logits in order, log p 0 then -inf."""
+  prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8]]
+  n = 4
+  kw = dict(max_new_tokens=8, return_logprobs=jspec.Logprobs(top=n), seed=1)
+  alone = jspec.generate(target, prompts[:1], **kw)
+  runs = {
+      "plain mixed": jspec.generate(target, prompts, temperature=[0.0, 1.0], **kw),
+      "speculative alone": jspec.speculative_generate(target, close_draft, prompts[:1],
+                                                      num_draft_tokens=3, **kw),
+      "speculative mixed": jspec.speculative_generate(target, close_draft, prompts,
+                                                      num_draft_tokens=3,
+                                                      temperature=[0.0, 1.0], **kw),
+  }
+  # The reference, from one full forward over the greedy row's output.
+  tokens = np.asarray(alone.tokens)[0]
+  logits = np.asarray(target.logits(np.asarray([prompts[0] + tokens.tolist()], np.int32)))[0]
+  want_ids = np.argsort(-logits[len(prompts[0]) - 1:-1], axis=-1, kind="stable")[:, :n]
+  np.testing.assert_array_equal(np.asarray(alone.top_ids)[0], want_ids)
+  want_values = np.where(np.arange(n) == 0, 0.0, -np.inf)
+  np.testing.assert_array_equal(np.asarray(alone.top_logprobs)[0],
+                                np.broadcast_to(want_values, want_ids.shape))
+  for name, out in runs.items():
+    np.testing.assert_array_equal(np.asarray(out.tokens)[0], tokens, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(out.top_ids)[0], want_ids, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(out.top_logprobs)[0],
+                                  np.asarray(alone.top_logprobs)[0], err_msg=name)
+    np.testing.assert_array_equal(np.asarray(out.logprobs)[0], 0.0, err_msg=name)
+  # The sampled row beside it records its own processed distribution (not the greedy form).
+  assert np.all(np.asarray(runs["plain mixed"].top_logprobs)[1, :, 1] > -np.inf)
+

@@ -222,7 +222,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
   records = None
   if config.logprobs is not None:
     with jax.named_scope("logprobs"):
-      records = logprobs_lib.of_round(config.logprobs, *scores, emitted)
+      records = logprobs_lib.of_round(config.logprobs, *scores, emitted,
+                                      None if state.params is None else state.params.greedy)
   state = dataclasses.replace(state, target_cache=cache, drafter_state=drafter_state)
   if state.features is not None:
     # A round narrower than the state's F (K = 0 in an "auto" loop) leaves the entries
