@@ -7,11 +7,13 @@ log-probability recorded for a token is log p(token) at that position, read from
 the verify call's logits: the same number baseline decoding records for the same
 token after the same prefix, up to float error. Two choices of p:
 
-    processed (default)  after temperature, top-k and top-p, the distribution the
-                         token is drawn from; greedy rows draw the argmax with
-                         certainty, so they record 0 (log 1).
-    raw                  log_softmax of the unprocessed logits (temperature 1, no
-                         filtering), whatever the row's sampling settings.
+    processed (default)  after the constraint's mask (`constraint=`), temperature,
+                         top-k and top-p: the distribution the token is drawn
+                         from; greedy rows draw the argmax with certainty, so
+                         they record 0 (log 1).
+    raw                  the model's own log_softmax of its unprocessed logits
+                         (temperature 1, no filtering, and no constraint mask),
+                         whatever the row's sampling settings and constraint.
 
 Optionally the `top` most likely ids at each position and their log-probabilities
 under the same distribution. A greedy row's top ids are the ids of its largest
@@ -36,9 +38,14 @@ from jax import lax
 
 @dataclasses.dataclass(frozen=True)
 class Logprobs:
-  """What to record (static: part of the compiled program)."""
+  """What to record (static: part of the compiled program).
 
-  raw: bool = False  # False: the processed distribution; True: log_softmax of the raw logits
+  raw=False records log p under the processed distribution the token is drawn from:
+  the constraint's mask (`constraint=`), then temperature, top-k and top-p. raw=True
+  records the model's own log_softmax, before all of those, the mask included.
+  """
+
+  raw: bool = False  # True: the model's own log_softmax (unprocessed, unmasked)
   top: int = 0  # also the `top` most likely ids per position and their log-probabilities
 
   def __post_init__(self):
@@ -83,10 +90,11 @@ def of_round(spec: Logprobs, logits: jax.Array, p: jax.Array | None, emitted: ja
   """The round's records at each block position.
 
   logits [B, W, V]: the verify logits that predict emitted[:, j] (for a tree, those
-  of the accepted path's nodes); p [B, W, V] the processed distributions, or None
-  for a statically all-greedy round (p is then the one-hot at the argmax); greedy
-  [B] bool, the rows with temperature 0 when p is given; emitted [B, W] int32.
-  Returns (chosen [B, W], top_ids [B, W, n] | None,
+  of the accepted path's nodes): for `spec.raw` the model's own, before any
+  constraint mask, otherwise the masked ones p was computed from; p [B, W, V] the
+  processed distributions, or None for a statically all-greedy round (p is then
+  the one-hot at the argmax); greedy [B] bool, the rows with temperature 0 when p
+  is given; emitted [B, W] int32. Returns (chosen [B, W], top_ids [B, W, n] | None,
   top_values [B, W, n] | None).
   """
   logits = logits.astype(jnp.float32)
