@@ -146,23 +146,59 @@ def test_a_few_sampled_rows_stay_in_the_language(target, regex):
       assert row[n - 1] == EOS and re.fullmatch(PATTERN, text_of(row)), text_of(row)
 
 
-@pytest.mark.slow
-def test_logprobs_follow_the_constrained_distribution(target, close_draft, regex):
-  prompts = [[5, 6, 7]]
-  out = jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
-                                   max_new_tokens=8, eos_id=[EOS], constraint=regex,
-                                   return_logprobs=jspec.Logprobs(raw=True))
-  n = int(out.lengths[0])
-  new = np.asarray(out.tokens[0, :n])
-  logits = np.asarray(target.logits(np.asarray([prompts[0] + new.tolist()], np.int32)),
-                      np.float64)[0]
+def _log_softmax(row):
+  row = np.asarray(row, np.float64)
+  finite = row[np.isfinite(row)]
+  return row - (np.log(np.sum(np.exp(finite - finite.max()))) + finite.max())
+
+
+@pytest.mark.parametrize("raw", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["raw", "processed"])
+def test_logprobs_under_a_constraint(target, close_draft, regex, raw):
+  """Logprobs(raw=True) is the model's own log_softmax, before the constraint's mask as
+  before temperature (its top ids include forbidden ones); the processed default is the
+  constrained distribution the tokens are drawn from. Plain, chain and tree alike."""
+  prompts = [[5, 6, 7], [2, 9]]
+  request = jspec.Logprobs(raw=raw, top=3)
+  kw = dict(max_new_tokens=8, eos_id=[EOS], constraint=regex, return_logprobs=request,
+            temperature=[1.0, 0.0], seed=4)
+  runs = {"plain": jspec.generate(target, prompts, **kw),
+          "chain": jspec.speculative_generate(target, close_draft, prompts, num_draft_tokens=3,
+                                              **kw),
+          "tree": jspec.speculative_generate(target, close_draft, prompts, tree=BINARY, **kw)}
   table = np.asarray(regex.next_state)
-  state = 0
-  for j, x in enumerate(new):
-    row = np.where(table[state] >= 0, logits[2 + j], -np.inf)
-    expected = row[x] - (np.log(np.sum(np.exp(row - row.max()))) + row.max())
-    assert abs(float(out.logprobs[0, j]) - expected) < 1e-4
-    state = table[state, x]
+  forbidden_in_top = 0
+  for name, out in runs.items():
+    for b, prompt in enumerate(prompts):
+      n = int(out.lengths[b])
+      new = np.asarray(out.tokens[b, :n])
+      assert re.fullmatch(PATTERN, text_of(new)), (name, text_of(new))
+      logits = np.asarray(target.logits(np.asarray([prompt + new.tolist()], np.int32)),
+                          np.float64)[0]
+      state = 0
+      for j, x in enumerate(new):
+        row = logits[len(prompt) - 1 + j]
+        allowed = table[state] >= 0
+        if raw:
+          want = _log_softmax(row)
+        elif b == 0:  # sampled at temperature 1: the masked softmax
+          want = _log_softmax(np.where(allowed, row, -np.inf))
+        else:  # greedy: the argmax of the allowed ids, drawn with certainty
+          want = np.where(np.arange(row.size) == np.argmax(np.where(allowed, row, -np.inf)),
+                          0.0, -np.inf)
+        where = f"{name} row {b} position {j}"
+        assert abs(float(out.logprobs[b, j]) - want[x]) < 1e-4, where
+        top, values = np.asarray(out.top_ids[b, j]), np.asarray(out.top_logprobs[b, j])
+        # Ids of log p -inf (forbidden, or a greedy row's runners-up) tie: their order
+        # is XLA's, and only their values are checked.
+        ranked = np.argsort(-want, kind="stable")[:3]
+        finite = np.isfinite(want[ranked])
+        np.testing.assert_array_equal(top[finite], ranked[finite], err_msg=where)
+        np.testing.assert_allclose(values, want[ranked], atol=1e-4, err_msg=where)
+        forbidden_in_top += int(np.sum(~allowed[top] & np.isfinite(values)))
+        state = table[state, x]
+  # Power: the raw top lists give forbidden ids a probability; the processed never do.
+  assert (forbidden_in_top > 0) == raw
 
 
 def test_constraint_errors(target, close_draft):

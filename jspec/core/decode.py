@@ -233,7 +233,10 @@ def decode_round(target: Model, drafter, state: DecodeState,
   records = None
   if config.logprobs is not None:
     with jax.named_scope("logprobs"):
-      records = logprobs_lib.of_round(config.logprobs, *scores, emitted)
+      raw_logits, logits, p = scores
+      records = logprobs_lib.of_round(
+          config.logprobs, raw_logits if config.logprobs.raw else logits, p, emitted,
+          None if state.params is None else state.params.greedy)
   state = dataclasses.replace(state, target_cache=cache, drafter_state=drafter_state)
   if state.features is not None:
     # A round narrower than the state's F (K = 0 in an "auto" loop) leaves the entries
@@ -253,8 +256,9 @@ def decode_round(target: Model, drafter, state: DecodeState,
 
 def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_keys):
   """Draft K, verify [t(L-1) d1 .. dK]: n [B], emitted [B, K+1] (d1..dn, next, ...),
-  cache, drafter state, hidden [B, K+1, D], and (logits, p) [B, K+1, V] that predict
-  `emitted` (p None when all rows are greedy)."""
+  cache, drafter state, hidden [B, K+1, D], and (raw logits, logits, p) [B, K+1, V]
+  that predict `emitted` (raw: before the constraint mask; p None when all rows are
+  greedy)."""
   B = start.shape[0]
   drafter_state = state.drafter_state
   if K > 0:
@@ -265,6 +269,7 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
   block = jnp.concatenate([last, drafts.astype(jnp.int32)], axis=1)  # [B, K+1]
   with jax.named_scope("target_verify"):
     logits, hidden, cache = target.apply(block, state.target_cache, start)
+  raw_logits = logits  # the model's own, for Logprobs(raw=True)
   if state.constraint is not None:
     with jax.named_scope("constraint"):
       states = constrained.along_chain(state.constraint, drafts.astype(jnp.int32))
@@ -280,7 +285,7 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
   drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
   emitted = jnp.where(j == n[:, None], next_token[:, None], drafts_padded)  # [B, K+1]
-  return n, emitted, cache, drafter_state, hidden, (logits, p)
+  return n, emitted, cache, drafter_state, hidden, (raw_logits, logits, p)
 
 
 def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys,
@@ -310,6 +315,7 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
     predictions = sampling.greedy_tokens(logits[:, N:])  # [B, M]
     logits = logits[:, :N]
     hidden = None if hidden is None else hidden[:, :N]
+  raw_logits = logits  # the model's own, for Logprobs(raw=True)
   if state.constraint is not None:
     with jax.named_scope("constraint"):
       states = constrained.along_tree(state.constraint, block, shape)
@@ -338,7 +344,9 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
   # Node path[j] predicts emitted[j]: its logits and p are the ones to read.
   path_logits = jnp.take_along_axis(logits, path[:, :, None], axis=1)  # [B, D+1, V]
   path_p = None if p is None else jnp.take_along_axis(p, path[:, :, None], axis=1)
-  return n, emitted, cache, drafter_state, path_hidden, (path_logits, path_p)
+  path_raw = (path_logits if raw_logits is logits
+              else jnp.take_along_axis(raw_logits, path[:, :, None], axis=1))
+  return n, emitted, cache, drafter_state, path_hidden, (path_raw, path_logits, path_p)
 
 
 def _cache_axes(target: Model):

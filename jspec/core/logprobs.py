@@ -7,14 +7,20 @@ log-probability recorded for a token is log p(token) at that position, read from
 the verify call's logits: the same number baseline decoding records for the same
 token after the same prefix, up to float error. Two choices of p:
 
-    processed (default)  after temperature, top-k and top-p, the distribution the
-                         token is drawn from; greedy rows draw the argmax with
-                         certainty, so they record 0 (log 1).
-    raw                  log_softmax of the unprocessed logits (temperature 1, no
-                         filtering), whatever the row's sampling settings.
+    processed (default)  after the constraint's mask (`constraint=`), temperature,
+                         top-k and top-p: the distribution the token is drawn
+                         from; greedy rows draw the argmax with certainty, so
+                         they record 0 (log 1).
+    raw                  the model's own log_softmax of its unprocessed logits
+                         (temperature 1, no filtering, and no constraint mask),
+                         whatever the row's sampling settings and constraint.
 
 Optionally the `top` most likely ids at each position and their log-probabilities
-under the same distribution (ties in an order of XLA's choosing).
+under the same distribution. A greedy row's top ids are the ids of its largest
+logits (masked by the constraint, if any) in order, with log-probabilities 0 for
+the first and -inf after: the same whether the batch is all greedy or mixed, so a
+row's records never depend on the rows beside it. Ties among a sampled row's
+equal probabilities come in an order of XLA's choosing.
 
 The buffers live beside the token buffer, slot for slot: entry s of a row is the
 log-probability of `tokens[s]`, written when slot s is committed.
@@ -32,9 +38,14 @@ from jax import lax
 
 @dataclasses.dataclass(frozen=True)
 class Logprobs:
-  """What to record (static: part of the compiled program)."""
+  """What to record (static: part of the compiled program).
 
-  raw: bool = False  # False: the processed distribution; True: log_softmax of the raw logits
+  raw=False records log p under the processed distribution the token is drawn from:
+  the constraint's mask (`constraint=`), then temperature, top-k and top-p. raw=True
+  records the model's own log_softmax, before all of those, the mask included.
+  """
+
+  raw: bool = False  # True: the model's own log_softmax (unprocessed, unmasked)
   top: int = 0  # also the `top` most likely ids per position and their log-probabilities
 
   def __post_init__(self):
@@ -74,13 +85,16 @@ def init_buffers(spec: Logprobs, B: int, S: int) -> LogprobBuffers:
       top_values=jnp.zeros((B, S, n), jnp.float32) if n else None)
 
 
-def of_round(spec: Logprobs, logits: jax.Array, p: jax.Array | None, emitted: jax.Array):
+def of_round(spec: Logprobs, logits: jax.Array, p: jax.Array | None, emitted: jax.Array,
+             greedy: jax.Array | None = None):
   """The round's records at each block position.
 
   logits [B, W, V]: the verify logits that predict emitted[:, j] (for a tree, those
-  of the accepted path's nodes); p [B, W, V] the processed distributions, or None
-  for a statically all-greedy round (p is then the one-hot at the argmax);
-  emitted [B, W] int32. Returns (chosen [B, W], top_ids [B, W, n] | None,
+  of the accepted path's nodes): for `spec.raw` the model's own, before any
+  constraint mask, otherwise the masked ones p was computed from; p [B, W, V] the
+  processed distributions, or None for a statically all-greedy round (p is then
+  the one-hot at the argmax); greedy [B] bool, the rows with temperature 0 when p
+  is given; emitted [B, W] int32. Returns (chosen [B, W], top_ids [B, W, n] | None,
   top_values [B, W, n] | None).
   """
   logits = logits.astype(jnp.float32)
@@ -97,18 +111,33 @@ def of_round(spec: Logprobs, logits: jax.Array, p: jax.Array | None, emitted: ja
     # All rows greedy: every emitted token is the argmax, drawn with probability 1.
     chosen = jnp.zeros(emitted.shape, jnp.float32)
     if n:
-      _, top_ids = lax.top_k(logits, n)
-      first = jnp.arange(n)[None, None, :] == 0
-      top_values = jnp.broadcast_to(jnp.where(first, 0.0, -jnp.inf), top_ids.shape)
+      top_ids, top_values = _greedy_top(logits, n)
   else:
     # log of the processed p (softmax in f32): tokens it gives 0 are never emitted.
     chosen = jnp.log(jnp.take_along_axis(p, emitted[:, :, None], axis=-1)[..., 0])
     if n:
       top_p, top_ids = lax.top_k(p, n)
       top_values = jnp.log(top_p)
+      if greedy is not None:
+        # A greedy row's one-hot p ties every id but the argmax at 0, and top_k would
+        # fill the list with the lowest ids: ranked by the logits instead, as when the
+        # batch is all greedy, so the row's records do not depend on its neighbours.
+        g_ids, g_values = _greedy_top(logits, n)
+        g = greedy[:, None, None]
+        top_ids = jnp.where(g, g_ids, top_ids)
+        top_values = jnp.where(g, g_values, top_values)
   if top_ids is not None:
     top_ids = top_ids.astype(jnp.int32)
   return chosen, top_ids, top_values
+
+
+def _greedy_top(logits: jax.Array, n: int):
+  """A greedy position's top n: the ids of the n largest logits, log p 0 for the first
+  (the argmax, drawn with certainty) and -inf for the others."""
+  _, top_ids = lax.top_k(logits, n)
+  first = jnp.arange(n)[None, None, :] == 0
+  top_values = jnp.broadcast_to(jnp.where(first, 0.0, -jnp.inf), top_ids.shape)
+  return top_ids, top_values
 
 
 def write(buffers: LogprobBuffers, positions: jax.Array, records) -> LogprobBuffers:

@@ -15,15 +15,22 @@ import numpy as np
 class DecodeStats:
   """Per-row counters a run accumulates (tau, acceptance: `jspec.tools.costs`).
 
-  K is the program's largest draft length (a tree's depth). Draft position i
-  (0-based) is judged in a round that drafted at least i + 1 tokens along its chain
-  (or its tree's depth) and accepted the i drafts before it; it is accepted when
-  the round accepted more than i.
+  K is the program's largest draft length (a tree's depth). One definition serves
+  every counter: a draft counts as accepted only if it was emitted. A round that
+  accepted n drafts and committed `count` tokens (n + 1, or fewer where EOS or
+  max_new_tokens cut it) accepted m = min(n, count) of them: drafts the target
+  accepted past an EOS or past max_new_tokens were never emitted, and count for
+  nothing. Draft position i (0-based) is judged in a round that drafted at least
+  i + 1 tokens along its chain (or its tree's depth) and emitted a token at
+  position i (its i drafts before were accepted, and no cut came before it); it is
+  accepted when that token was the draft (m > i). So `row_hist` bins rounds by m,
+  `accepted` is the sum of `position_accepted`, and a draft cut off is neither a
+  rejection nor an acceptance.
   """
 
   target_calls: jax.Array  # [B] int32 rounds in which the row was active
-  accepted: jax.Array  # [B] int32 draft tokens accepted and committed
-  row_hist: jax.Array  # [B, K+1] int32 active rounds by accepted count n, per row
+  accepted: jax.Array  # [B] int32 draft tokens accepted and emitted
+  row_hist: jax.Array  # [B, K+1] int32 active rounds by accepted (emitted) count m, per row
   position_judged: jax.Array  # [B, K] int32 active rounds that judged draft position i
 
   @property
@@ -33,7 +40,7 @@ class DecodeStats:
 
   @property
   def position_accepted(self) -> jax.Array:
-    """[B, K] int32 rounds whose draft at position i was accepted (n > i)."""
+    """[B, K] int32 rounds whose draft at position i was accepted and emitted (m > i)."""
     return jnp.flip(jnp.cumsum(jnp.flip(self.row_hist[:, 1:], axis=1), axis=1), axis=1)
 
   def position_acceptance(self) -> jax.Array:
@@ -53,15 +60,21 @@ def init(B: int, K: int) -> DecodeStats:
 
 def after_round(stats: DecodeStats, active, n, count, K: int) -> DecodeStats:
   """Counters after a round of K drafts (chain length or tree depth) that accepted n
-  [B] and committed count [B]; active [B] bool: rows that were not done."""
+  [B] and committed count [B] (0 for rows already done); active [B] bool: rows that
+  were not done."""
   act = active.astype(jnp.int32)
   width = stats.position_judged.shape[1]  # the program's largest K
   i = jnp.arange(width)[None, :]
-  judged = active[:, None] & (i < K) & (i <= n[:, None])  # drafts 1..i accepted, i+1 drafted
+  # Emitted drafts only (class docstring): the target's acceptance of drafts past an
+  # EOS or max_new_tokens is not evidence anyone sees, and counting it made
+  # position_accepted and row_hist disagree with `accepted`.
+  m = jnp.minimum(n, count)
+  # Position i was drafted, and a token (the draft or the target's own) emitted there.
+  judged = active[:, None] & (i < K) & (i < count[:, None])
   return DecodeStats(
       target_calls=stats.target_calls + act,
-      accepted=stats.accepted + jnp.minimum(n, count),
-      row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(n, width + 1, dtype=jnp.int32),
+      accepted=stats.accepted + m,
+      row_hist=stats.row_hist + act[:, None] * jax.nn.one_hot(m, width + 1, dtype=jnp.int32),
       position_judged=stats.position_judged + judged.astype(jnp.int32),
   )
 

@@ -58,8 +58,9 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
       same with or without it.
     return_logprobs: True (or a `jspec.Logprobs`) fills `out.logprobs` with the
       log-probability of each new token under the distribution it was drawn from
-      (after temperature, top-k and top-p: 0 for greedy rows); `Logprobs(raw=True)`
-      reads the unprocessed log_softmax instead, `Logprobs(top=n)` adds the n most
+      (after the constraint's mask, temperature, top-k and top-p: 0 for greedy rows);
+      `Logprobs(raw=True)` reads the model's own log_softmax instead, before all of
+      those (the constraint's mask too), `Logprobs(top=n)` adds the n most
       likely ids per position (`jspec.core.logprobs`). Speculative decoding records
       the same numbers as plain decoding for the same tokens.
     constraint: a `jspec.Constraint` (from a regex or a JSON schema and the tokenizer)
