@@ -1,0 +1,1 @@
+"""Recipes: the data and training pipelines that build jspec's drafters from local data."""
