@@ -171,11 +171,18 @@ def test_evaluation_prompts_are_never_answered(model, tmp_path):
   assert later["skipped"] == {"excluded": 2} and later["batches"] == 0
 
 
-def test_default_exclusion_reads_the_checkpoints_prompts():
+def test_default_exclusion_reads_the_checkpoints_prompts(model, tmp_path):
   files = [os.path.basename(f) for f in A.default_exclusion_files()]
   assert files[:2] == ["chat_prompts.json", "demo_prompts.json"]
   exclusion = A.evaluation_exclusion()
   assert all(t in exclusion for t in chat_prompts())
+  # Given no exclusion, a run excludes these (and stores them for later runs).
+  out = str(tmp_path / "out")
+  result = A.generate_answers(model, pool(chat_prompts()[:2])[-6:], encode, out,
+                              **dict(SETTINGS, max_prompt=400))
+  assert result["skipped"]["excluded"] == 2 and A.read_manifest(out)["totals"]["rows"] == 4
+  with open(os.path.join(out, A.EXCLUDED)) as f:
+    assert {int(line, 16) for line in f} == set(exclusion.hashes)
 
 
 def test_pool_is_distinct_and_seeded(tmp_path):

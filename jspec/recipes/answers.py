@@ -60,6 +60,7 @@ import io
 import json
 import os
 import platform
+import signal
 import sys
 import sysconfig
 import textwrap
@@ -734,8 +735,10 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
   model: a `jspec.Model`; encode: user message text -> prompt ids (the chat template);
   shard_batches (even): batches per shard, half greedy, half sampled; eos_id: as in
   `jspec.generate` (None: the model's); hours: stop after the batch that passes it;
-  info: recorded in the manifest (e.g. the target); on_batch(n): called after the n-th
-  batch of this run (tests interrupt the run there).
+  exclusion: prompts never to answer (None: `evaluation_exclusion()`, the checkpoints'
+  held-out prompts and Spec-Bench's when found), joined with those stored in `out` by
+  earlier runs; info: recorded in the manifest (e.g. the target); on_batch(n): called
+  after the n-th batch of this run (tests interrupt the run there).
   """
   import jspec
   from tqdm import tqdm
@@ -764,7 +767,9 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
     if os.path.isfile(os.path.join(out, EXCLUDED)):
       with open(os.path.join(out, EXCLUDED)) as f:
         stored = {int(line, 16) for line in f if line.strip()}
-    exclusion = (exclusion or Exclusion()).union(Exclusion(frozenset(stored)))
+    if exclusion is None:
+      exclusion = evaluation_exclusion()
+    exclusion = exclusion.union(Exclusion(frozenset(stored)))
     _atomic_write(os.path.join(out, EXCLUDED),
                   "".join(f"{h:016x}\n" for h in sorted(exclusion.hashes)).encode())
     if written & exclusion.hashes:
@@ -984,10 +989,12 @@ def main(argv=None) -> int:
     print("warning: no Spec-Bench question file found (set $JSPEC_SPEC_BENCH or --exclude)",
           flush=True)
   model = jspec.load(path, dtype="float32")
+  # A plain `kill` ends the run like Ctrl-C: the lock released, the shard in progress lost.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   result = generate_answers(
       model, prompt_pool(args.seed), chat_encoder(model.tokenizer), args.out, batch=args.batch,
       max_new=args.max_new, shard_batches=args.shard_batches, max_prompt=args.max_prompt,
-      temperature=args.temperature, seed=args.seed, hours=args.hours,
+      temperature=args.temperature, seed=args.seed, exclusion=exclusion, hours=args.hours,
       progress=not args.no_progress, info={"target": os.path.basename(path)},
       log=lambda s: print(s, flush=True))
   print(json.dumps({k: v for k, v in result.items() if k != "manifest"}), flush=True)
