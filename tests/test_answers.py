@@ -11,6 +11,7 @@ import pytest
 
 from conftest import numpy_drawn_target
 from jspec.recipes import answers as A
+from jspec.training import corpus
 
 EOS = (3, 10, 17, 24, 31, 38, 45, 52, 59)  # the tiny model's end ids: most rows end early
 SETTINGS = dict(batch=4, shard_batches=2, max_new=6, max_prompt=24, seed=7, eos_id=EOS,
@@ -190,8 +191,8 @@ def test_pool_is_distinct_and_seeded(tmp_path):
   for the same seed; held-out files never read."""
   import itertools
   names = [f"m{i}.py" for i in range(200)]
-  held = next(n for n in names if A.is_heldout(n))
-  for i, name in enumerate([n for n in names if not A.is_heldout(n)][:40] + [held]):
+  held = next(n for n in names if corpus.is_heldout(n))
+  for i, name in enumerate([n for n in names if not corpus.is_heldout(n)][:40] + [held]):
     secret = "HELDOUT" if name == held else ""
     (tmp_path / name).write_text(
         f'"""Module {i}: {"it explains many things about numbers and the words for them. " * 4}'

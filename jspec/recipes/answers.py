@@ -11,7 +11,7 @@ later run extends and a training run reads:
 
 Prompts (`prompt_pool`): a deterministic, seeded pool of distinct chat prompts built
 from local data only: the Python standard library's train split (the split of
-`jspec.models.corpus`: a file is held out when sha256(relative path) mod 1000 < 60;
+`jspec.training.corpus`: a file is held out when sha256(relative path) mod 1000 < 60;
 that logic is copied here, not imported, since the recipe modules are moving) under
 instruction templates (explain, rewrite, document, test, review or translate a function;
 write a function from its docstring; questions about a module's names; summarise,
@@ -62,7 +62,6 @@ import os
 import platform
 import signal
 import sys
-import sysconfig
 import textwrap
 import time
 import zipfile
@@ -70,13 +69,13 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from jspec.training import corpus
+
 SOURCES = ("code", "write", "api", "prose", "docs", "math", "chat")
 WEIGHTS = (0.34, 0.12, 0.10, 0.18, 0.06, 0.08, 0.12)  # of the pool, while a source lasts
 FORMAT = 1
 MANIFEST = "manifest.json"
 EXCLUDED = "excluded_prompts.txt"
-HELDOUT_FRACTION = 0.06  # jspec.models.corpus.HELDOUT_FRACTION
-_SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -336,32 +335,15 @@ def _chat_prompts(rng) -> list[str]:
   return [out[i] for i in rng.permutation(len(out))]
 
 
-# The standard library, split as `jspec.models.corpus` splits it (copied: those modules move).
-
-
-def stdlib_root() -> str:
-  """The running interpreter's standard library directory."""
-  return sysconfig.get_paths()["stdlib"]
-
-
-def is_heldout(relpath: str, fraction: float = HELDOUT_FRACTION) -> bool:
-  """Whether `relpath` is in the corpus's held-out split: a function of the path alone."""
-  digest = hashlib.sha256(relpath.encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") % 1000 < round(1000 * fraction)
+# The standard library's train split, as `jspec.training.corpus` splits it.
 
 
 def train_documents(root: str | None = None) -> list[tuple[str, str]]:
   """(relative path, text) of the train split's .py files, in sorted path order."""
-  root = stdlib_root() if root is None else root
-  found = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-    for name in filenames:
-      if name.endswith(".py"):
-        found.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
+  root = corpus.stdlib_root() if root is None else root
   docs = []
-  for rel in sorted(found):
-    if is_heldout(rel):
+  for rel in corpus.list_files(root):
+    if corpus.is_heldout(rel):
       continue
     with open(os.path.join(root, rel), "rb") as f:
       raw = f.read()
