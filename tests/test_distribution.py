@@ -54,11 +54,17 @@ def sequence_counts(tokens):
   return np.bincount(codes, minlength=V ** NEW)
 
 
-def assert_exact_counts(spec, exact, what):
+def assert_exact_counts(spec, exact, what, full_runs=True):
   """Every acceptance count 0..2 happened (the test exercises acceptance and rejection),
-  and the sampled sequences follow the exact distribution."""
+  and the sampled sequences follow the exact distribution.
+
+  full_runs=False: a run of both drafts need not be among the counts. The counters hold
+  emitted drafts only, and with 3 new tokens a full run is emitted only from the first
+  round (a later one is cut by max_new_tokens); drafters whose first-round drafts are
+  often wrong (lookup drafters at T = 0.7 with top-3) may never emit one."""
   hist = np.asarray(spec.stats.accept_hist)
-  assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"{what}: acceptance not exercised: {hist}"
+  seen = hist[:3] if full_runs else hist[:2]
+  assert np.all(seen > 0), f"{what}: acceptance not exercised: {hist}"
   assert_counts_match(sequence_counts(spec.tokens), exact, what)
 
 
@@ -145,7 +151,7 @@ def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, to
   tree = jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0), (2,)])
   for name, shape in (("chain", dict(num_draft_tokens=2)), ("tree", dict(tree=tree))):
     spec = jspec.speculative_generate(target, drafter, [PROMPT] * ROWS, seed=2028, **shape, **kw)
-    assert_exact_counts(spec, exact, f"suffix drafting, {name}")
+    assert_exact_counts(spec, exact, f"suffix drafting, {name}", full_runs=temperature == 1.0)
 
 
 @pytest.mark.slow
@@ -161,4 +167,4 @@ def test_lookahead_keeps_the_distribution(pair, temperature, top_k):
   spec = jspec.speculative_generate(target, drafter, [prompt] * ROWS, num_draft_tokens=2,
                                     max_new_tokens=NEW, temperature=temperature, top_k=top_k,
                                     seed=2029)
-  assert_exact_counts(spec, exact, "lookahead")
+  assert_exact_counts(spec, exact, "lookahead", full_runs=temperature == 1.0)

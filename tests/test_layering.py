@@ -280,3 +280,41 @@ def test_the_engine_check_sees_what_it_forbids():
 def test_the_engine_keeps_no_state_times_nothing_reads_no_files(path):
   found = engine_findings(path.read_text())
   assert not found, f"jspec/core/{path.name}: {found}"
+
+
+def module_attributes(source: str, package: str, known) -> list[tuple[int, str, str]]:
+  """(line, module, name) for each `alias.name` read through an imported jspec module."""
+  tree = ast.parse(source)
+  aliases = {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      aliases.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names
+                      if f"{base}.{a.name}" in known})
+    elif isinstance(node, ast.Import):
+      aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+  return [(node.lineno, aliases[node.value.id], node.attr) for node in ast.walk(tree)
+          if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id in aliases]
+
+
+def test_every_name_read_through_a_module_exists():
+  """`bench_timing.row(...)` after `row` was renamed fails only when that line runs: every
+  `module.name` in jspec/, models/ and tests/ is checked here against the module."""
+  import importlib
+  known = all_modules()
+  files = dict(known)
+  files.update({f"tests.{p.stem}": p for p in (REPO / "tests").glob("*.py")})
+  missing = []
+  for name, path in files.items():
+    package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
+    for line, module, attr in module_attributes(path.read_text(), package, known):
+      if not hasattr(importlib.import_module(module), attr):
+        missing.append(f"{path.relative_to(REPO)}:{line}: {module}.{attr}")
+  assert not missing, "\n".join(missing)
+  assert module_attributes("from jspec.tools import bench_timing as t\nt.gone(1)\n",
+                           "x", {"jspec.tools.bench_timing"}) == [
+                               (2, "jspec.tools.bench_timing", "gone")]

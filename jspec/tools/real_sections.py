@@ -291,7 +291,7 @@ def batch_section(target: Model, prompts, s: Settings) -> dict:
     base = res.pop("baseline")
     report[str(B)] = {"baseline_tokens_per_s":
                       bench_timing.tokens_out(base["out"]) / base["time"],
-                      "rows": {name: bench_timing.row(r, base) for name, r in res.items()}}
+                      "rows": {name: bench_timing.report_row(r, base) for name, r in res.items()}}
     print(f"  batch {B}: " + ", ".join(f"{n} {r['speedup']:.2f}x" for n, r in
                                        report[str(B)]["rows"].items()), flush=True)
   return report
