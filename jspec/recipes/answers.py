@@ -11,8 +11,7 @@ later run extends and a training run reads:
 
 Prompts (`prompt_pool`): a deterministic, seeded pool of distinct chat prompts built
 from local data only: the Python standard library's train split (the split of
-`jspec.training.corpus`: a file is held out when sha256(relative path) mod 1000 < 60;
-that logic is copied here, not imported, since the recipe modules are moving) under
+`jspec.training.corpus`: a file is held out when sha256(relative path) mod 1000 < 60) under
 instruction templates (explain, rewrite, document, test, review or translate a function;
 write a function from its docstring; questions about a module's names; summarise,
 simplify, translate or question a docstring paragraph; passages of the language
