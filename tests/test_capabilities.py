@@ -110,6 +110,7 @@ def test_a_users_model_drafter_is_placed_on_the_mesh(target, close_draft):
   assert rows.params is None and rows.tokens.shape == (1, 16)
 
 
+@pytest.mark.slow  # three "auto" programs compiled
 def test_a_users_drafter_decodes_and_catches_up_as_jspecs(target, close_draft):
   """Greedy "auto" with costs that make drafting pay after plain rounds: the user's class
   and DraftModel give the same tokens, the same rounds at each K, and the target's own."""

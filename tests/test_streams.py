@@ -40,6 +40,7 @@ def test_each_listener_hears_its_own_call_and_the_program_is_shared(target, clos
   assert programs.fixed._cache_size() == size  # a new listener is not a new program
 
 
+@pytest.mark.slow  # two sampled programs compiled
 def test_two_threads_stream_side_by_side(target):
   prompts = {"a": [[1, 2, 3]], "b": [[9, 8, 7, 6]]}
   heard, outs, errors = {}, {}, []
