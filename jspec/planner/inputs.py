@@ -155,6 +155,7 @@ class Request:
   temperature: np.ndarray  # [B] f32 >= 0 (0: greedy)
   top_k: np.ndarray  # [B] int32 >= 0 (0: off)
   top_p: np.ndarray  # [B] f32 in (0, 1]
+  min_p: np.ndarray  # [B] f32 in [0, 1] (0: off)
   eos_ids: np.ndarray  # [E] int32, -1 padded
   cache_length: int  # S slots per row
 
@@ -170,12 +171,12 @@ class Request:
 
   @property
   def filtered(self) -> bool:
-    """Some row keeps a top-k or top-p set (a round then costs more)."""
-    return bool(np.any((self.top_k > 0) | (self.top_p < 1.0)))
+    """Some row keeps a top-k, top-p or min-p set (a round then costs more)."""
+    return bool(np.any((self.top_k > 0) | (self.top_p < 1.0) | (self.min_p > 0.0)))
 
 
 def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k, top_p, eos_id,
-            seed, cache_length, block: int) -> Request:
+            seed, cache_length, block: int, min_p=0.0) -> Request:
   """Every per-call input of `generate` checked and shaped, before any tracing.
 
   block: slots one verify call needs past the longest row (K + 1, or a tree's nodes)."""
@@ -189,6 +190,9 @@ def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k,
     raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
   if np.any(~((top_ps > 0) & (top_ps <= 1))):
     raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+  min_ps = per_row_float(min_p, B, "min_p")
+  if np.any(~((min_ps >= 0) & (min_ps <= 1))):
+    raise ValueError(f"min_p must lie in [0, 1], got {min_p!r}")
   eos = eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = row_seeds(seed, B)
   longest, most_new = int(lengths.max()), int(max_new.max())
@@ -207,4 +211,5 @@ def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k,
           f"({most_new}) + a verify block of {block} = {needed} slots are needed")
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   return Request(tokens=tokens[:, :S], lengths=lengths, max_new=max_new, seeds=seeds,
-                 temperature=temps, top_k=top_ks, top_p=top_ps, eos_ids=eos, cache_length=S)
+                 temperature=temps, top_k=top_ks, top_p=top_ps, min_p=min_ps, eos_ids=eos,
+                 cache_length=S)
