@@ -106,3 +106,20 @@ def sorted_filter(scaled, top_k, top_p, min_p):
   keep = in_top_k & ((mass_before < top_p) | (top_p >= 1.0))
   threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)  # [B, N, 1]
   return (scaled >= threshold) & jnp.isfinite(scaled)
+
+
+def penalized_logits(logits, prompt, output, repetition=1.0, presence=0.0, frequency=0.0,
+                     bias=None):
+  """One logit vector after a logit bias and vLLM's penalties, written independently:
+  bias added; ids in the prompt or the output divided by `repetition` when positive,
+  multiplied when not; then frequency * count and presence * (count > 0) subtracted,
+  counting the output only."""
+  logits = np.asarray(logits, np.float64)
+  V = logits.shape[-1]
+  if bias is not None:
+    logits = logits + np.asarray(bias, np.float64)
+  counts = np.bincount(np.asarray(output, np.int64), minlength=V).astype(np.float64)
+  seen = counts > 0
+  seen[np.asarray(prompt, np.int64)] = True
+  logits = np.where(seen, np.where(logits > 0, logits / repetition, logits * repetition), logits)
+  return logits - frequency * counts - presence * (counts > 0)

@@ -38,11 +38,23 @@ class SamplingParams:
   top_k: jax.Array  # [B] int32; 0 means no top-k
   top_p: jax.Array  # [B] f32 in (0, 1]; 1 means no nucleus filter
   min_p: jax.Array | None = None  # [B] f32 in [0, 1]; 0 (or None: every row) means no min-p
+  # Applied to the logits before all of the above, by the decoding loop, which counts
+  # the tokens they need (`jspec.core.penalties`); None: off for every row (static).
+  repetition_penalty: jax.Array | None = None  # [B] f32 > 0; 1 means none
+  presence_penalty: jax.Array | None = None  # [B] f32; 0 means none
+  frequency_penalty: jax.Array | None = None  # [B] f32; 0 means none
+  logit_bias: jax.Array | None = None  # [B, V] f32 added to the logits
 
   @property
   def greedy(self) -> jax.Array:
     """[B] bool: rows with temperature 0 (or below)."""
     return self.temperature <= 0.0
+
+  @property
+  def penalized(self) -> bool:
+    """Static: some penalty is given (the loop then counts each row's tokens)."""
+    return any(x is not None for x in (self.repetition_penalty, self.presence_penalty,
+                                       self.frequency_penalty))
 
 
 def probabilities(logits: jax.Array, params: SamplingParams | None) -> jax.Array:

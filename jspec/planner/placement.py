@@ -67,7 +67,14 @@ def place(target: Model, drafter: Any, request: Request, constraint,
   params = None
   if settings:
     temperature, top_k, top_p, min_p = [put_row(x) for x in settings]
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    penalties = {}
+    if request.penalized:  # static: the loop counts tokens only when some row needs them
+      penalties = dict(repetition_penalty=put_row(request.repetition_penalty),
+                       presence_penalty=put_row(request.presence_penalty),
+                       frequency_penalty=put_row(request.frequency_penalty))
+    bias = None if request.logit_bias is None else put_row(request.logit_bias)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            logit_bias=bias, **penalties)
   rows_constraint = None
   if table is not None:
     rows_constraint = constrained.ConstraintRows(table=jax.tree_util.tree_map(put_all, table),
