@@ -219,9 +219,9 @@ def test_static_greedy_only_when_every_row_is_greedy(target, close_draft, monkey
   seen = []
   program = programs.fixed
 
-  def spy(target, drafter, tokens, lengths, max_new, params, *rest):
+  def spy(target, drafter, tokens, lengths, max_new, params, *rest, **kw):
     seen.append(params)
-    return program(target, drafter, tokens, lengths, max_new, params, *rest)
+    return program(target, drafter, tokens, lengths, max_new, params, *rest, **kw)
 
   monkeypatch.setattr(programs, "fixed", spy)
   prompts = [[1, 2, 3], [4, 5]]

@@ -191,8 +191,9 @@ def logit_bias_array(logit_bias, B: int, vocab_size: int) -> np.ndarray | None:
   None), or an array [V] or [B, V]; ids checked against the vocabulary, biases finite."""
   if logit_bias is None:
     return None
-  if isinstance(logit_bias, dict) or (isinstance(logit_bias, (list, tuple)) and logit_bias
-                                      and all(d is None or isinstance(d, dict) for d in logit_bias)):
+  per_row_dicts = (isinstance(logit_bias, (list, tuple)) and len(logit_bias) > 0
+                   and all(d is None or isinstance(d, dict) for d in logit_bias))
+  if isinstance(logit_bias, dict) or per_row_dicts:
     rows = [logit_bias] * B if isinstance(logit_bias, dict) else list(logit_bias)
     if len(rows) != B:
       raise ValueError(f"logit_bias must be one dict for every row or one per row ({B}), got "
