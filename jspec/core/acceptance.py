@@ -4,7 +4,7 @@ Chen et al. 2023).
     accept_i = u_i * q_i(d_i) < p_i(d_i)          i.e. u_i < min(1, p/q)
     n        = sum(cumprod(accept))                accepted drafts per row, 0..K
     residual = max(p_n - q_n, 0), with q_K := 0     at n = K this is p_K (the bonus)
-    next     = sample(normalise(residual))
+    next     = sample(normalise(residual))            (K = 0: a plain draw from p_0)
 
 The emitted tokens (d_1 .. d_n, next) follow the target's processed distribution
 exactly, whatever q is, as long as each d_i was drawn from q_i. Deterministic
@@ -41,6 +41,8 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
   B, K1, V = p.shape
   K = K1 - 1
   u_keys, r_keys = sampling.split_rows(keys)
+  if K == 0:  # plain sampling: the bonus is p_0 itself, no gather, no residual
+    return jnp.zeros((B,), jnp.int32), sampling.sample(r_keys, p[:, 0])
   u = jax.vmap(lambda k: jax.random.uniform(k, (K,), jnp.float32))(u_keys)  # [B, K]
 
   p_d = jnp.take_along_axis(p[:, :K], drafts[:, :, None], axis=-1)[..., 0]  # [B, K]
@@ -66,8 +68,8 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
     residual = jnp.maximum(p_n - q_n, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   # p == q (up to rounding) leaves no residual mass: then p itself is the answer.
-  residual = jnp.where(mass > 0.0, residual / jnp.where(mass > 0.0, mass, 1.0), p_n)
-  next_token = sampling.sample(r_keys, residual)
+  # `sample` normalises as it draws.
+  next_token = sampling.sample(r_keys, jnp.where(mass > 0.0, residual, p_n))
   return n, next_token
 
 

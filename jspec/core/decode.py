@@ -42,10 +42,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jspec.core import acceptance, constrained, prefill, sampling, sharding, streaming
 from jspec.core import logprobs as logprobs_lib, stats as stats_lib, tree as tree_lib
+from jspec.core import penalties as penalties_lib
 from jspec.core.stats import DecodeStats
 from jspec.core.drafter import DraftContext, target_for, uses_features
 from jspec.core.drafter import prepared as prepared_drafter
@@ -123,6 +125,8 @@ class DecodeState:
   logprobs: logprobs_lib.LogprobBuffers | None = None
   # A token-level automaton and each row's state in it (`jspec.core.constrained`); None: free.
   constraint: constrained.ConstraintRows | None = None
+  # The tokens each row has seen, for the penalties (`jspec.core.penalties`); None: none.
+  seen: penalties_lib.Seen | None = None
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
@@ -185,6 +189,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
       logprobs=(None if config.logprobs is None
                 else logprobs_lib.init_buffers(config.logprobs, B, S)),
       constraint=constraint,
+      seen=penalties_lib.init(params, tokens, prompt_lengths, target.vocab_size),
   )
 
 
@@ -280,7 +285,8 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
       n, next_token = acceptance.accept_greedy(logits, drafts)
       p = None
     else:
-      p = sampling.probabilities(logits, state.params)  # [B, K+1, V]
+      chain = np.tril(np.ones((K + 1, K + 1), bool))  # position i sees the drafts up to d_i
+      p = sampling.probabilities(_penalized(logits, state, block, chain), state.params)
       n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
   drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
@@ -325,7 +331,8 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
       node, next_token = tree_lib.accept_greedy(logits, candidates, shape)
       p = None
     else:
-      p = sampling.probabilities(logits, state.params)  # [B, N, V]
+      ancestors = tree_lib.row_arrays(shape, block.shape[0])[2]  # [B, N, N]
+      p = sampling.probabilities(_penalized(logits, state, block, ancestors), state.params)
       node, next_token = tree_lib.accept_sampled(p, candidates, shape, accept_keys)
   path = tree_lib.path_nodes(node, shape)  # [B, D+1]
   depths = tree_lib.row_arrays(shape, node.shape[0])[1]  # [B, N]
@@ -347,6 +354,15 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
   path_raw = (path_logits if raw_logits is logits
               else jnp.take_along_axis(raw_logits, path[:, :, None], axis=1))
   return n, emitted, cache, drafter_state, path_hidden, (path_raw, path_logits, path_p)
+
+
+def _penalized(logits, state: DecodeState, block, ancestors):
+  """Verify logits [B, W, V] with each row's logit bias and penalties, every position
+  counting the drafts on its path (ancestors [W, W] or [B, W, W]) as output tokens."""
+  if not penalties_lib.active(state.params):
+    return logits
+  counts = None if state.seen is None else penalties_lib.block_counts(state.seen, block, ancestors)
+  return penalties_lib.apply(logits, state.params, state.seen, counts)
 
 
 def _cache_axes(target: Model):
@@ -391,8 +407,9 @@ def _commit(state: DecodeState, n, emitted, K: int, records=None):
   rows = state.constraint
   if rows is not None:
     rows = constrained.after_commit(rows, emitted, count)
+  seen = penalties_lib.after_commit(state.seen, emitted, count)
   return dataclasses.replace(state, tokens=tokens, lengths=new_L, done=done, stats=stats,
-                             logprobs=logprob_buffers, constraint=rows), count
+                             logprobs=logprob_buffers, constraint=rows, seen=seen), count
 
 
 def decode_loop(target: Model, drafter, state: DecodeState, config: DecodeConfig,

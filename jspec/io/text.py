@@ -21,8 +21,9 @@ def generate_text(model: Model, texts: str | Sequence[str], *, draft=None, num_d
 
   Prompts get the tokenizer's special tokens (e.g. BOS); outputs drop the
   stop token and special tokens. `sampling` takes the keyword arguments of
-  `jspec.generate` (temperature, top_k, top_p, eos_id, seed, cache_length);
-  EOS ids default to the model's own, read from its checkpoint.
+  `jspec.generate` (temperature, top_k, top_p, min_p, the penalties, logit_bias,
+  eos_id, seed, cache_length); EOS ids default to the model's own, read from its
+  checkpoint.
   """
   tokenizer = model.tokenizer
   if tokenizer is None:

@@ -34,8 +34,10 @@ __all__ = ["GenerateOutput", "generate", "speculative_generate"]
 
 
 def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0,
-             eos_id=None, seed=0, prompt_lengths=None, cache_length=None, mesh=None,
-             rules=None, stream=None, return_logprobs=False, constraint=None) -> GenerateOutput:
+             min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+             logit_bias=None, eos_id=None, seed=0, prompt_lengths=None, cache_length=None,
+             mesh=None, rules=None, stream=None, return_logprobs=False,
+             constraint=None) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -43,7 +45,21 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
     prompts: list of token-id lists (lengths may differ), or int32 `[B, P]`
       right-padded with `prompt_lengths=[B]`.
     max_new_tokens: int, or one int per row.
-    temperature, top_k, top_p: scalars or one value per row; temperature 0 is greedy.
+    temperature, top_k, top_p, min_p: scalars or one value per row; temperature 0 is
+      greedy (the argmax); otherwise logits are divided by the temperature, then
+      min-p keeps the tokens whose probability is at least min_p times the largest
+      (0: off), top-k the k most likely (0: off; ties with the k-th kept), and top-p
+      the smallest most-likely set whose probability reaches top_p (1: off), measured
+      on what min-p and top-k kept: vLLM's order and definitions
+      (`jspec.core.sampling.probabilities`). top_p in (0, 1], min_p in [0, 1].
+    repetition_penalty, presence_penalty, frequency_penalty: scalars or one value per
+      row, applied to the logits before temperature (greedy rows too), as vLLM does:
+      the repetition penalty (> 0; 1: none) divides the positive logits and multiplies
+      the negative ones of every id seen in the prompt or the output; then
+      frequency * count and presence * (count > 0) are subtracted, counting the output
+      tokens only (OpenAI's definition). `jspec.core.penalties`.
+    logit_bias: None, a dict {id: bias} for every row, a list of one dict (or None)
+      per row, or an array [V] or [B, V]; added to the logits before the penalties.
     eos_id: an id or a list of ids; a row stops after emitting any of them. None
       (the default) uses the model's own `eos_ids` (from its checkpoint; none for
       a random-init model); `()` disables stopping on EOS.
@@ -58,34 +74,40 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
       same with or without it.
     return_logprobs: True (or a `jspec.Logprobs`) fills `out.logprobs` with the
       log-probability of each new token under the distribution it was drawn from
-      (after the constraint's mask, temperature, top-k and top-p: 0 for greedy rows);
-      `Logprobs(raw=True)` reads the model's own log_softmax instead, before all of
-      those (the constraint's mask too), `Logprobs(top=n)` adds the n most
+      (after the constraint's mask, the bias and penalties, temperature, min-p, top-k
+      and top-p: 0 for greedy rows); `Logprobs(raw=True)` reads the model's own
+      log_softmax instead, before all of those (the constraint's mask too),
+      `Logprobs(top=n)` adds the n most
       likely ids per position (`jspec.core.logprobs`). Speculative decoding records
       the same numbers as plain decoding for the same tokens.
     constraint: a `jspec.Constraint` (from a regex or a JSON schema and the tokenizer)
       for every row, or one per row (None: that row free). New tokens then follow the
       model's distribution restricted to the constraint's language (masked before
-      temperature, top-k and top-p; `jspec.core.constrained`). A row cut by
+      temperature and the filters; `jspec.core.constrained`). A row cut by
       max_new_tokens before its match is complete ends mid-match; give the
       constraint's EOS ids as stop ids (the default when both come from the model's
       tokenizer) so that rows end when the match does.
   """
   if not isinstance(model, Model):
     raise TypeError(f"model must be a jspec.Model, got {type(model).__name__}")
-  return _run(model, None, prompts, max_new_tokens, temperature, top_k, top_p, eos_id, seed,
-              prompt_lengths, cache_length, mesh, rules, stream, return_logprobs, constraint)
+  settings = _settings(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                       frequency_penalty, logit_bias)
+  return _run(model, None, prompts, max_new_tokens, settings, eos_id, seed, prompt_lengths,
+              cache_length, mesh, rules, stream, return_logprobs, constraint)
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
-                         temperature=0.0, top_k=0, top_p=1.0, eos_id=None, seed=0,
+                         temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                         presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None,
+                         eos_id=None, seed=0,
                          prompt_lengths=None, cache_length=None, mesh=None,
                          rules=None, tree: Tree | DynamicTree | None = None, stream=None,
                          return_logprobs=False, constraint=None) -> GenerateOutput:
   """Speculative decoding: `draft` proposes K tokens, `target` verifies them in one call.
 
   The output follows the target's processed distribution exactly; greedy rows
-  equal `generate(target, ...)`. `draft` is a `jspec.Model` (drafted at each
+  equal `generate(target, ...)`, penalties included: each verify position counts the
+  drafts before it as output tokens. `draft` is a `jspec.Model` (drafted at each
   row's own sampling settings) or any object following `jspec.core.drafter.Drafter`.
   Other arguments as in `generate`; with `mesh=`, a draft model is replicated
   unless its params are already placed on that mesh (shard it yourself with
@@ -118,14 +140,23 @@ def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None
   (`Model.axes_fn`; every model in `jspec.models` does).
   """
   speculation = plan.speculation(target, draft, num_draft_tokens, tree)
-  return _run(target, speculation, prompts, max_new_tokens, temperature, top_k, top_p, eos_id,
-              seed, prompt_lengths, cache_length, mesh, rules, stream, return_logprobs,
-              constraint)
+  settings = _settings(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                       frequency_penalty, logit_bias)
+  return _run(target, speculation, prompts, max_new_tokens, settings, eos_id, seed,
+              prompt_lengths, cache_length, mesh, rules, stream, return_logprobs, constraint)
+
+
+def _settings(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+              frequency_penalty, logit_bias) -> dict:
+  """The per-row sampling arguments, by name, for `inputs.request`."""
+  return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+              repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+              frequency_penalty=frequency_penalty, logit_bias=logit_bias)
 
 
 def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_tokens,
-         temperature, top_k, top_p, eos_id, seed, prompt_lengths, cache_length, mesh, rules,
-         stream, return_logprobs, constraint) -> GenerateOutput:
+         settings: dict, eos_id, seed, prompt_lengths, cache_length, mesh, rules, stream,
+         return_logprobs, constraint) -> GenerateOutput:
   """One call: check, plan, place, run the program, cut its outputs."""
   logprob_spec = logprobs.as_spec(return_logprobs)
   if stream is not None and not callable(stream):
@@ -135,9 +166,9 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
   if speculation is not None:
     drafter, tree, side, K = (speculation.drafter, speculation.tree, speculation.side,
                               speculation.max_k)
-  request = inputs.request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k,
-                           top_p, eos_id, seed, cache_length,
-                           block=decode.block_width(K, tree, side))
+  request = inputs.request(target, prompts, prompt_lengths, max_new_tokens, eos_id=eos_id,
+                           seed=seed, cache_length=cache_length,
+                           block=decode.block_width(K, tree, side), **settings)
   target, drafter, rows = placement.place(target, drafter, request, constraint, layout)
   # The decoding form of the weights, built once per model rather than once per call.
   target, drafter = target.decoding_form(), plan.decoding_form(drafter)

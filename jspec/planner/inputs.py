@@ -155,6 +155,11 @@ class Request:
   temperature: np.ndarray  # [B] f32 >= 0 (0: greedy)
   top_k: np.ndarray  # [B] int32 >= 0 (0: off)
   top_p: np.ndarray  # [B] f32 in (0, 1]
+  min_p: np.ndarray  # [B] f32 in [0, 1] (0: off)
+  repetition_penalty: np.ndarray  # [B] f32 > 0 (1: off)
+  presence_penalty: np.ndarray  # [B] f32 (0: off)
+  frequency_penalty: np.ndarray  # [B] f32 (0: off)
+  logit_bias: np.ndarray | None  # [B, V] f32, or None: no bias
   eos_ids: np.ndarray  # [E] int32, -1 padded
   cache_length: int  # S slots per row
 
@@ -165,17 +170,60 @@ class Request:
 
   @property
   def greedy(self) -> bool:
-    """Every row greedy: the static argmax-only program."""
-    return bool(np.all(self.temperature == 0))
+    """Every row greedy on the model's own logits: the static argmax-only program."""
+    return bool(np.all(self.temperature == 0)) and not self.penalized and self.logit_bias is None
+
+  @property
+  def penalized(self) -> bool:
+    """Some row has a repetition, presence or frequency penalty (the loop then counts
+    each row's tokens)."""
+    return bool(np.any(self.repetition_penalty != 1.0) | np.any(self.presence_penalty != 0.0)
+                | np.any(self.frequency_penalty != 0.0))
 
   @property
   def filtered(self) -> bool:
-    """Some row keeps a top-k or top-p set (a round then costs more)."""
-    return bool(np.any((self.top_k > 0) | (self.top_p < 1.0)))
+    """Some row keeps a top-k, top-p or min-p set (a round then costs more)."""
+    return bool(np.any((self.top_k > 0) | (self.top_p < 1.0) | (self.min_p > 0.0)))
+
+
+def logit_bias_array(logit_bias, B: int, vocab_size: int) -> np.ndarray | None:
+  """f32 [B, V] from None, a dict {id: bias} for every row, a list of B such dicts (or
+  None), or an array [V] or [B, V]; ids checked against the vocabulary, biases finite."""
+  if logit_bias is None:
+    return None
+  per_row_dicts = (isinstance(logit_bias, (list, tuple)) and len(logit_bias) > 0
+                   and all(d is None or isinstance(d, dict) for d in logit_bias))
+  if isinstance(logit_bias, dict) or per_row_dicts:
+    rows = [logit_bias] * B if isinstance(logit_bias, dict) else list(logit_bias)
+    if len(rows) != B:
+      raise ValueError(f"logit_bias must be one dict for every row or one per row ({B}), got "
+                       f"{len(rows)}")
+    out = np.zeros((B, vocab_size), np.float32)
+    for b, row in enumerate(rows):
+      for i, bias in (row or {}).items():
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < vocab_size:
+          raise ValueError(f"logit_bias ids must lie in [0, {vocab_size}), got {i!r} in row {b}")
+        if not isinstance(bias, numbers.Real) or not np.isfinite(bias):
+          raise ValueError(f"logit_bias values must be finite numbers, got {bias!r} for id {i} "
+                           f"in row {b}")
+        out[b, i] = bias
+    return out
+  arr = np.asarray(logit_bias)
+  if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+    raise TypeError(f"logit_bias must be a dict, one dict per row or an array, got {logit_bias!r}")
+  if arr.shape == (vocab_size,):
+    arr = np.broadcast_to(arr, (B, vocab_size))
+  if arr.shape != (B, vocab_size):
+    raise ValueError(f"a logit_bias array must be [V] or [B, V] = [{B}, {vocab_size}], got shape "
+                     f"{arr.shape}")
+  if not np.all(np.isfinite(arr)):
+    raise ValueError("logit_bias values must be finite")
+  return arr.astype(np.float32)
 
 
 def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k, top_p, eos_id,
-            seed, cache_length, block: int) -> Request:
+            seed, cache_length, block: int, min_p=0.0, repetition_penalty=1.0,
+            presence_penalty=0.0, frequency_penalty=0.0, logit_bias=None) -> Request:
   """Every per-call input of `generate` checked and shaped, before any tracing.
 
   block: slots one verify call needs past the longest row (K + 1, or a tree's nodes)."""
@@ -189,6 +237,15 @@ def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k,
     raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
   if np.any(~((top_ps > 0) & (top_ps <= 1))):
     raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+  min_ps = per_row_float(min_p, B, "min_p")
+  if np.any(~((min_ps >= 0) & (min_ps <= 1))):
+    raise ValueError(f"min_p must lie in [0, 1], got {min_p!r}")
+  repetition = per_row_float(repetition_penalty, B, "repetition_penalty")
+  if np.any(repetition <= 0):
+    raise ValueError(f"repetition_penalty must be > 0 (1 is none), got {repetition_penalty!r}")
+  presence = per_row_float(presence_penalty, B, "presence_penalty")
+  frequency = per_row_float(frequency_penalty, B, "frequency_penalty")
+  bias = logit_bias_array(logit_bias, B, target.vocab_size)
   eos = eos_array(target.eos_ids if eos_id is None else eos_id, target.vocab_size)
   seeds = row_seeds(seed, B)
   longest, most_new = int(lengths.max()), int(max_new.max())
@@ -207,4 +264,6 @@ def request(target, prompts, prompt_lengths, max_new_tokens, temperature, top_k,
           f"({most_new}) + a verify block of {block} = {needed} slots are needed")
   # The prompt bucket never outgrows the cache; what is cut here is padding only.
   return Request(tokens=tokens[:, :S], lengths=lengths, max_new=max_new, seeds=seeds,
-                 temperature=temps, top_k=top_ks, top_p=top_ps, eos_ids=eos, cache_length=S)
+                 temperature=temps, top_k=top_ks, top_p=top_ps, min_p=min_ps,
+                 repetition_penalty=repetition, presence_penalty=presence,
+                 frequency_penalty=frequency, logit_bias=bias, eos_ids=eos, cache_length=S)

@@ -52,7 +52,8 @@ def place(target: Model, drafter: Any, request: Request, constraint,
   if constraint is not None:  # checked and stacked on the host, placed like the rows
     table, initial = constrained.for_batch(constraint, B, target.vocab_size)
   per_row = [request.tokens, request.lengths, request.max_new, request.seeds]
-  settings = [] if request.greedy else [request.temperature, request.top_k, request.top_p]
+  settings = [] if request.greedy else [request.temperature, request.top_k, request.top_p,
+                                        request.min_p]
   if layout is None:
     put_row = put_all = jnp.asarray
   else:
@@ -65,8 +66,15 @@ def place(target: Model, drafter: Any, request: Request, constraint,
   tokens, lengths, max_new, seeds = [put_row(x) for x in per_row]
   params = None
   if settings:
-    temperature, top_k, top_p = [put_row(x) for x in settings]
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    temperature, top_k, top_p, min_p = [put_row(x) for x in settings]
+    penalties = {}
+    if request.penalized:  # static: the loop counts tokens only when some row needs them
+      penalties = dict(repetition_penalty=put_row(request.repetition_penalty),
+                       presence_penalty=put_row(request.presence_penalty),
+                       frequency_penalty=put_row(request.frequency_penalty))
+    bias = None if request.logit_bias is None else put_row(request.logit_bias)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            logit_bias=bias, **penalties)
   rows_constraint = None
   if table is not None:
     rows_constraint = constrained.ConstraintRows(table=jax.tree_util.tree_map(put_all, table),

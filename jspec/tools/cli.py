@@ -2,8 +2,8 @@
 
     jspec demo [--k auto|4] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-                   [--top-p P] [--seed S] [--speculative] [--k 4] [--target DIR|FILE.gguf]
-                   [--draft DIR|ngram|lookahead|none] [--chat]
+                   [--top-p P] [--min-p P] [--seed S] [--speculative] [--k 4]
+                   [--target DIR|FILE.gguf] [--draft DIR|ngram|lookahead|none] [--chat]
     jspec chat [--target FILE.gguf] [--drafter ngram|lookahead|none|DIR] [--k 4|auto]
     jspec measure [--target DIR|FILE.gguf] [--drafter DIR|ngram|lookahead] --prompts FILE
                   [--chat] [--k 1,2,4,8] [--json OUT.json] [--plot OUT.png]
@@ -60,7 +60,7 @@ def generate(args) -> int:
   texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
                               max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              seed=args.seed)
+                              min_p=args.min_p, seed=args.seed)
   sys.stdout.write(args.prompt + texts[0] + "\n")
   return 0
 
@@ -330,6 +330,7 @@ def main(argv=None) -> int:
   p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
   p.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
   p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--min-p", type=float, default=0.0, help="0 turns min-p off")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--speculative", action="store_true",
                  help="draft (default drafter: the shipped draft for the shipped target, "
