@@ -61,7 +61,28 @@ def test_prior_costs_follow_bytes_and_flops(tied, draft, batch):
   with_model = cost_model.prior_costs(target, jspec.DraftModel(draft), batch, 128, ks, CPU)
   assert with_model[0] == cpu[0] and all(m > c for m, c in zip(with_model[1:], cpu[1:]))
   step = cost_model.call_time(draft, batch, 1, 128, CPU)
-  assert with_model[2] - cpu[2] == pytest.approx(2 * step, rel=1e-6)
+  argmax = cost_model.TokenChoice().seconds(batch, target.vocab_size, CPU)
+  assert with_model[2] - cpu[2] == pytest.approx(2 * (step + argmax), rel=1e-6)
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_prior_prices_how_tokens_are_chosen(tied, draft, batch):
+  """A sampled round costs more than a greedy one, a filtered (top-p) one more again,
+  and the gap grows with K: the verify chooses at K + 1 positions, a draft model at
+  each of its K drafts."""
+  ks = (0, 1, 4)
+  V = tied.vocab_size
+  for drafter in (jspec.NGram(V), jspec.DraftModel(draft)):
+    greedy, sampled, filtered = (
+        cost_model.prior_costs(tied, drafter, batch, 128, ks, CPU, choice=choice)
+        for choice in (cost_model.TokenChoice(), cost_model.TokenChoice(greedy=False),
+                       cost_model.TokenChoice(greedy=False, filtered=True)))
+    assert all(f > s >= g for f, s, g in zip(filtered, sampled, greedy))
+    per_row = cost_model.TokenChoice(greedy=False, filtered=True).seconds(batch, V, CPU)
+    chosen = 5 + (4 if isinstance(drafter, jspec.DraftModel) else 0)  # rows chosen at K = 4
+    assert filtered[2] - filtered[0] > greedy[2] - greedy[0]
+    assert filtered[2] - greedy[2] == pytest.approx(
+        chosen * (per_row - cost_model.TokenChoice().seconds(batch, V, CPU)), rel=1e-6)
 
 
 def test_weight_bytes_count_a_tied_embedding_once(tied, draft):
@@ -237,9 +258,12 @@ def test_the_prior_follows_the_measured_growth(tied):
   plain = cost_model.prior_costs(tied, ngram, 1, 128, ks, CPU)
   steep = cost_model.prior_costs(tied, ngram, 1, 128, ks, CPU, {1: 1.0, 2: 3.0, 5: 3.5})
   assert steep[0] == pytest.approx(plain[0])  # a one-token call is the rates' own
-  # A call on K + 1 tokens: the one-token call, times its timed growth.
-  assert steep[1] == pytest.approx(3.0 * plain[0])
-  assert steep[2] == pytest.approx(3.5 * plain[0])
+  # A call on K + 1 tokens: the one-token call, times its timed growth (the argmax
+  # over the K + 1 positions priced apart).
+  argmax = lambda rows: cost_model.TokenChoice().seconds(rows, tied.vocab_size, CPU)
+  call = plain[0] - argmax(1)
+  assert steep[1] == pytest.approx(3.0 * call + argmax(2))
+  assert steep[2] == pytest.approx(3.5 * call + argmax(5))
   assert steep[1] / steep[0] > plain[1] / plain[0]
 
 
@@ -253,7 +277,8 @@ def test_a_measured_draft_step_raises_the_draft_models_price(tied, draft):
   heavy = cost_model.prior_costs(tied, model, 1, 128, ks, CPU, None, 0.6)
   verify = cost_model.prior_costs(tied, jspec.NGram(tied.vocab_size), 1, 128, ks, CPU)
   assert heavy[0] == pytest.approx(roofline[0])
-  assert heavy[2] == pytest.approx(verify[2] + 2 * 0.6 * step)
+  argmax = cost_model.TokenChoice().seconds(1, tied.vocab_size, CPU)  # each draft's
+  assert heavy[2] == pytest.approx(verify[2] + 2 * (0.6 * step + argmax))
   assert heavy[2] > roofline[2]
   assert cost_model.prior_costs(tied, model, 1, 128, ks, CPU, None, 1e-6) == \
       pytest.approx(roofline)

@@ -181,8 +181,8 @@ SETTINGS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_whole_sequence_distribution_with_penalties(pair, name):
-  """Speculative decoding (a draft model that differs from the target, as a chain and
-  as a static tree) and plain decoding both follow the exact distribution of whole
+  """Speculative decoding (a draft model that differs from the target, and n-gram
+  lookup, each as a chain and as a static tree) and plain decoding both follow the exact distribution of whole
   3-token sequences under the penalties; the penalties matter (the unpenalised
   distribution is rejected)."""
   target, draft = pair
@@ -195,6 +195,13 @@ def test_whole_sequence_distribution_with_penalties(pair, name):
     hist = np.asarray(spec.stats.accept_hist)
     assert hist[0] > 0 and hist[1] > 0 and hist[2] > 0, f"acceptance not exercised: {hist}"
     assert_counts_match(sequence_counts(spec.tokens), exact, f"speculative {what}, {name}")
+  # N-gram lookup: deterministic drafts (q one-hot) copied from the prompt's "4 4".
+  ngram = jspec.NGram(V, max_ngram=2, drafts_per_ngram=None)
+  for what, how in (("chain", dict(num_draft_tokens=2)), ("tree", dict(tree=BINARY))):
+    spec = jspec.speculative_generate(target, ngram, prompts, seed=2032, **how, **kw)
+    hist = np.asarray(spec.stats.accept_hist)
+    assert hist[1:].sum() > 0, f"n-gram drafts never accepted: {hist}"
+    assert_counts_match(sequence_counts(spec.tokens), exact, f"n-gram {what}, {name}")
   base = jspec.generate(target, prompts, seed=2031, **kw)
   counts = sequence_counts(base.tokens)
   assert_counts_match(counts, exact, f"plain, {name}")

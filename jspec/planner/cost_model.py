@@ -285,6 +285,34 @@ def call_time(model, batch: int, block: int, cache_length: int, rates: DeviceRat
   return estimate(block)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenChoice:
+  """How a round chooses its tokens from the logits, which the prior prices apart from
+  the calls: greedy rows take an argmax; sampled rows a softmax, a draw and the
+  acceptance ratios; filtered ones (top-k, top-p, min-p) also the thresholds
+  (`jspec.core.sampling`).
+
+  The work is a few passes over the [rows, V] f32 logits, so it is priced in passes at
+  the streaming bandwidth. The pass counts are medians measured on a 2-core XLA CPU as
+  multiples of one summing pass over the same array ([64, 5, 49152] and [64, 1, 49152]
+  and [1, 5, 49152]): the argmax 5-12, a plain draw 6-9, a top-p draw 41-72. At batch 64
+  a top-p verify of 5 positions of a 49k vocabulary is thus a third of a SmolLM2-135M
+  verify call on that machine, which is why `"auto"` must know it."""
+
+  greedy: bool = True
+  filtered: bool = False
+
+  @property
+  def passes(self) -> float:
+    if self.greedy:
+      return 8.0
+    return 50.0 if self.filtered else 8.0
+
+  def seconds(self, rows: int, vocab: int, rates: DeviceRates) -> float:
+    """Prior seconds to choose tokens at `rows` (batch x positions) rows."""
+    return self.passes * 4.0 * rows * vocab / rates.bandwidth
+
+
 def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRates,
                  draft_step: float = 0.0) -> float:
   """Prior seconds for `drafter` to propose k drafts per row.
@@ -303,8 +331,12 @@ def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRa
 def prior_costs(target, drafter, batch: int, cache_length: int, choices,
                 rates: DeviceRates | None = None,
                 growth: dict[int, float] | None = None,
-                draft_ratio: float | None = None) -> tuple[float, ...]:
+                draft_ratio: float | None = None,
+                choice: TokenChoice = TokenChoice()) -> tuple[float, ...]:
   """Prior seconds of a whole round at each K in `choices` (0: a plain round).
+
+  choice: how the round chooses tokens (`TokenChoice`); a verify chooses at K + 1
+  positions per row, a draft model samples its own K drafts one at a time.
 
   growth: the target's `call_times.growth` at blocks K + 1 (None: the rates'
   curve alone). draft_ratio: for a draft model, `call_times.step_ratio` of it
@@ -314,21 +346,29 @@ def prior_costs(target, drafter, batch: int, cache_length: int, choices,
   rates = rates or DeviceRates.measure()
   key = json.dumps([fingerprint(target), fingerprint(drafter), batch, cache_length,
                     list(choices), dataclasses.asdict(rates),
-                    sorted((growth or {}).items()), draft_ratio], sort_keys=True)
+                    sorted((growth or {}).items()), draft_ratio,
+                    dataclasses.asdict(choice)], sort_keys=True)
   if key not in _PRIORS:
     _PRIORS[key] = _prior_costs(target, drafter, batch, cache_length, choices, rates, growth,
-                                draft_ratio)
+                                draft_ratio, choice)
   return _PRIORS[key]
 
 
 _PRIORS: dict[str, tuple[float, ...]] = {}
 
 
-def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth, draft_ratio):
+def _prior_costs(target, drafter, batch, cache_length, choices, rates, growth, draft_ratio,
+                 choice):
   # A round with more drafts never costs less (`monotone`).
   step = call_time(target, batch, 1, cache_length, rates, growth)
   draft_step = step * draft_ratio if draft_ratio else 0.0
+  V = target.vocab_size
+  # A draft model draws its own drafts (greedy rows take its argmax); other drafters
+  # choose nothing from a distribution.
+  drafts_chosen = isinstance(drafter, ModelDrafter)
   return monotone(choices, [
       call_time(target, batch, k + 1, cache_length, rates, growth)
-      + (drafter_time(drafter, batch, k, cache_length, rates, draft_step) if k else 0.0)
+      + choice.seconds(batch * (k + 1), V, rates)
+      + (drafter_time(drafter, batch, k, cache_length, rates, draft_step)
+         + (k * choice.seconds(batch, V, rates) if drafts_chosen else 0.0) if k else 0.0)
       for k in choices])

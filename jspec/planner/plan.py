@@ -156,7 +156,8 @@ def _auto_costs(target, drafter, B: int, S: int, auto, greedy: bool, filtered: b
     if draft_model is not None:
       ratio = call_times.step_ratio(draft_model, target, B, S, auto.cache_dir)
     saved = cost_model.prior_costs(target, drafter, B, S, auto.choices,
-                                   cost_model.device_rates(auto.cache_dir), growth, ratio)
+                                   cost_model.device_rates(auto.cache_dir), growth, ratio,
+                                   cost_model.TokenChoice(greedy=greedy, filtered=filtered))
   catch_up = 0.0
   if (isinstance(drafter, PricedCatchUpDrafter) and draft_model is not None
       and 0 in auto.choices):
