@@ -115,6 +115,21 @@ def test_generate_chat_drafts_by_name(tiny_gguf, drafting, capsys):
   assert captured.out == plain and "tokens per target call" in captured.err
 
 
+def test_generate_takes_the_penalties(tiny_gguf, plain_completion, capsys):
+  """The penalty flags reach decoding (a presence penalty of 100 forbids every repeat of
+  an output token, which the tiny model's greedy completion makes) and are exact under speculation; a
+  ratio of 0 is refused with the library's message."""
+  penalised = ["generate", "--prompt", "ab", "--target", tiny_gguf, "--max-new-tokens", "8",
+               "--presence-penalty", "100", "--repetition-penalty", "1.3"]
+  assert cli.main(penalised) == 0
+  plain = capsys.readouterr().out
+  assert cli.main(penalised + ["--draft", "ngram"]) == 0
+  assert capsys.readouterr().out == plain
+  assert plain != plain_completion
+  with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+    cli.main(["generate", "--prompt", "ab", "--target", tiny_gguf, "--repetition-penalty", "0"])
+
+
 @pytest.mark.parametrize("spec, says", [("ngram:0", "ngram:N"), ("lookahead:1,2", "W,N,G"),
                                         ("ngarm", "not a drafter name")])
 def test_a_bad_drafter_name_says_which_names_there_are(tiny_gguf, spec, says):

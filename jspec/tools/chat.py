@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from jspec.tools import sampling_flags
+
 
 class TextStream:
   """Ids in, text out, as they arrive: a decoder that never prints half a character.
@@ -210,7 +212,7 @@ def chat(args) -> int:
     sys.stdout.flush()
     text, result, spent = answer(target, drafter, history, k=k,
                                  max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                                 **sampling_flags.kwargs(args))
     print("\n" + _footer(result, spent))
     history.append({"role": "assistant", "content": text})
 
@@ -227,7 +229,6 @@ def generate_chat(args) -> int:
                           target_name=args.target or "SmolLM2-135M-Instruct", flag="--draft")
   _, result, spent = answer(target, drafter, [{"role": "user", "content": args.prompt}],
                             k=args.k, max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                            seed=args.seed)
+                            **sampling_flags.kwargs(args))
   print("\n" + _footer(result, spent), file=sys.stderr)
   return 0

@@ -2,7 +2,8 @@
 
     jspec demo [--k auto|4] [--max-new-tokens 128] [--repeats 2] [--model FILE.gguf] [--shipped]
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
-                   [--top-p P] [--min-p P] [--seed S] [--speculative] [--k 4]
+                   [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]
+                   [--frequency-penalty F] [--seed S] [--speculative] [--k 4]
                    [--target DIR|FILE.gguf] [--draft DIR|ngram|lookahead|none] [--chat]
     jspec chat [--target FILE.gguf] [--drafter ngram|lookahead|none|DIR] [--k 4|auto]
     jspec measure [--target DIR|FILE.gguf] [--drafter DIR|ngram|lookahead] --prompts FILE
@@ -30,6 +31,7 @@ import json
 import os
 import sys
 
+from jspec.tools import sampling_flags
 
 CHAT_PROMPTS_HELP = ("put each prompt through the target's chat template, as generate --chat "
                      "does: JSONL rows with \"text\" (one user message) or \"messages\" (a "
@@ -58,9 +60,7 @@ def generate(args) -> int:
   if args.speculative or args.draft is not None:
     draft = _drafter(args, args.draft, target, name, shipped_target, "--draft")
   texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
-                              max_new_tokens=args.max_new_tokens,
-                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, seed=args.seed)
+                              max_new_tokens=args.max_new_tokens, **sampling_flags.kwargs(args))
   sys.stdout.write(args.prompt + texts[0] + "\n")
   return 0
 
@@ -327,11 +327,7 @@ def main(argv=None) -> int:
   p = sub.add_parser("generate", help="complete a text prompt (shipped code model by default)")
   p.add_argument("--prompt", required=True)
   p.add_argument("--max-new-tokens", type=int, default=64)
-  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-  p.add_argument("--top-k", type=int, default=0, help="0 turns top-k off")
-  p.add_argument("--top-p", type=float, default=1.0)
-  p.add_argument("--min-p", type=float, default=0.0, help="0 turns min-p off")
-  p.add_argument("--seed", type=int, default=0)
+  sampling_flags.add(p)
   p.add_argument("--speculative", action="store_true",
                  help="draft (default drafter: the shipped draft for the shipped target, "
                       "n-gram lookup for any other)")
@@ -353,9 +349,7 @@ def main(argv=None) -> int:
   p.add_argument("--k", default="4", help="draft tokens per round, or auto")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
   p.add_argument("--max-new-tokens", type=int, default=256)
-  p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-  p.add_argument("--top-p", type=float, default=1.0)
-  p.add_argument("--seed", type=int, default=0)
+  sampling_flags.add(p)
   p.add_argument("--system", default=None, help="a system message opening the conversation")
   p.add_argument("--cache-dir", default=None, help="compiled programs")
   p.set_defaults(func=chat)
