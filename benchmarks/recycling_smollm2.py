@@ -33,6 +33,7 @@ def main() -> None:
   ap.add_argument("--new", type=int, default=64)
   ap.add_argument("--k", type=int, default=4)
   ap.add_argument("--tree", choices=("paper", "small"), default="paper")
+  ap.add_argument("--update", choices=("path", "all"), default="path")
   args = ap.parse_args()
   path = demo.smollm2_path()
   if path is None:
@@ -61,16 +62,16 @@ def main() -> None:
     t0 = time.perf_counter()
     reference = [run(jspec.NGram(V), b, shape) for b in range(len(ids))]
     rows = {"ngram": reference}
-    rows["recycling fresh"] = [run(TokenRecycling(V, memory=empty), b, shape)
+    rows["recycling fresh"] = [run(TokenRecycling(V, memory=empty, update=args.update), b, shape)
                                for b in range(len(ids))]
     memory, carried = empty, []
     for b in range(len(ids)):
-      carried.append(run(TokenRecycling(V, memory=memory), b, shape))
+      carried.append(run(TokenRecycling(V, memory=memory, update=args.update), b, shape))
       memory = carried[-1].memory
     rows["recycling carried"] = carried
     second = []
     for b in range(len(ids)):
-      second.append(run(TokenRecycling(V, memory=memory), b, shape))
+      second.append(run(TokenRecycling(V, memory=memory, update=args.update), b, shape))
       memory = second[-1].memory
     rows["recycling second"] = second
     for label, outs in rows.items():

@@ -12,7 +12,7 @@ import pytest
 import jspec
 from jspec.core import decode
 from jspec.core.drafter import (DraftContext, LogitsObservingDrafter, LookupDrafter,
-                                RememberingDrafter, TreeDrafter)
+                                PromptObservingDrafter, RememberingDrafter, TreeDrafter)
 from jspec.drafters.recycling import TokenRecycling, paper_tree
 from conftest import ragged_prompts, tiny_config
 from reference import assert_counts_match, processed_probs
@@ -66,6 +66,25 @@ def test_update_matches_numpy_reference(update):
     np.testing.assert_array_equal(adjacency, expected)
 
 
+def test_prompt_fills_only_rows_no_verify_wrote():
+  rng = np.random.default_rng(1)
+  V, k = 11, 2
+  drafter = TokenRecycling(V, top_k=k)
+  adjacency = np.full((V, k), -1, np.int32)
+  adjacency[[1, 3]] = [[4, 5], [6, 7]]  # written by earlier verifies
+  tokens = rng.integers(0, 6, size=(2, 7)).astype(np.int32)
+  top_ids = rng.integers(0, V, size=(2, 7, k)).astype(np.int32)
+  valid = np.arange(7)[None, :] < np.asarray([[5], [7]])
+  expected = adjacency.copy()
+  for b, j in itertools.product(range(2), range(7)):
+    if valid[b, j] and adjacency[tokens[b, j], 0] < 0:
+      expected[tokens[b, j]] = top_ids[b, j]
+  got = jax.jit(drafter.after_prefill_logits)(jnp.asarray(adjacency), jnp.asarray(tokens),
+                                              jnp.asarray(top_ids), jnp.asarray(valid))
+  np.testing.assert_array_equal(got, expected)
+  assert np.array_equal(expected[1], [4, 5]) and np.array_equal(expected[3], [6, 7])
+
+
 def test_drafts_walk_the_matrix_breadth_first():
   V = 16
   adjacency = np.full((V, 3), -1, np.int32)
@@ -95,7 +114,8 @@ def test_drafts_walk_the_matrix_breadth_first():
 
 def test_capabilities():
   drafter = TokenRecycling(64)
-  for protocol in (LogitsObservingDrafter, RememberingDrafter, TreeDrafter):
+  for protocol in (LogitsObservingDrafter, PromptObservingDrafter, RememberingDrafter,
+                   TreeDrafter):
     assert isinstance(drafter, protocol)
   assert not isinstance(drafter, LookupDrafter)  # its drafts depend on state
   ngram = jspec.NGram(64)
@@ -132,11 +152,11 @@ def _top_k(logits, k):
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_matrix_after_a_call_holds_the_targets_top_k(target, shape):
-  """Greedy, one row: a row v of out.memory is the top-k of the target's logits at the last
-  position holding v whose logits a verify produced (the prompt's last token onwards),
-  computed here by a full forward pass. Positions whose token recurs in the drafts of the
-  last round (greedy: the continuation) are left out: that round may have written them
-  from an accepted draft past max_new_tokens."""
+  """Greedy, one row, a fresh matrix: a row v of out.memory is the top-k of the target's
+  logits at the last committed position holding v, but the newest (the prefill's over the
+  prompt, then each verify's), computed here by a full forward pass. Positions whose token
+  recurs in the drafts of the last round (greedy: the continuation) are left out: that
+  round may have written them from an accepted draft past max_new_tokens."""
   V, k, K, new = target.vocab_size, 4, 3, 12
   prompt = [5, 9, 17, 3, 5, 9]
   drafter = TokenRecycling(V, top_k=k)
@@ -148,8 +168,8 @@ def test_matrix_after_a_call_holds_the_targets_top_k(target, shape):
   sequence = prompt + longer
   logits = np.asarray(target.logits(jnp.asarray([sequence], jnp.int32)))[0]
   memory = np.asarray(out.memory)
-  P, end = len(prompt), len(prompt) + new  # committed: sequence[:end]
-  verified = range(P - 1, end - 1)  # positions whose logits some verify produced
+  end = len(prompt) + new  # committed: sequence[:end]
+  verified = range(end - 1)  # positions whose logits the prefill or a verify produced
   beyond = set(sequence[end - 1:end + K])
   checked = 0
   for v in range(V):

@@ -49,7 +49,8 @@ from jspec.core import acceptance, constrained, prefill, sampling, sharding, str
 from jspec.core import logprobs as logprobs_lib, stats as stats_lib, tree as tree_lib
 from jspec.core import penalties as penalties_lib
 from jspec.core.stats import DecodeStats
-from jspec.core.drafter import DraftContext, LogitsObservingDrafter, target_for, uses_features
+from jspec.core.drafter import (DraftContext, LogitsObservingDrafter, PromptObservingDrafter,
+                                target_for, uses_features)
 from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
@@ -150,11 +151,13 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
   cache = sharding.constrain_cache(target, target.init_cache(B, S), config.layout)
-  hidden = None
+  hidden = prompt_ids = None
+  observing = isinstance(drafter, PromptObservingDrafter)
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
     with jax.named_scope("target_prefill"):
-      cache, hidden = prefill.prefill(target, tokens, prompt_lengths, cache,
-                                      hidden=uses_features(drafter))
+      cache, hidden, prompt_ids = prefill.observed(
+          target, tokens, prompt_lengths, cache, uses_features(drafter),
+          drafter.observed_top_k if observing else 0)
   features = feature_start = None
   if drafter is None:
     drafter_state = None
@@ -172,6 +175,11 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
         padded, feature_start)
   else:
     drafter_state = drafter.init(tokens, prompt_lengths, S)
+  if prompt_ids is not None:  # a PromptObservingDrafter reads the prompt's top-k ids
+    with jax.named_scope("observe_logits"):
+      valid = jnp.arange(P - 1, dtype=jnp.int32)[None, :] < (prompt_lengths - 1)[:, None]
+      drafter_state = drafter.after_prefill_logits(drafter_state, tokens[:, :P - 1], prompt_ids,
+                                                   valid)
   return DecodeState(
       tokens=buffer,
       lengths=prompt_lengths,

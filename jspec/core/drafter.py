@@ -79,6 +79,12 @@ treatment of jspec's own:
         True where the token is committed (the root and the accepted drafts; all
         False for rows that were done before the round). k is static; other
         drafters cost nothing: no top-k is computed for them.
+    PromptObservingDrafter: a LogitsObservingDrafter with after_prefill_logits(state,
+        tokens, top_ids, valid) -> state
+        it also gets the prompt's: tokens [B, P-1] the prefilled prompt tokens,
+        top_ids [B, P-1, k] as above, valid [B, P-1] True at slots 0..L-2 of each row
+        (whose logits chose committed prompt tokens). Called once, after the prefill
+        and `init`; only such drafters make the prefill compute the LM head and top-k.
     RememberingDrafter: remembered(state) -> memory
         a drafter whose state is worth keeping across calls (token recycling's
         matrix): the programs return `remembered` of the state after the loop, and
@@ -267,6 +273,16 @@ class LogitsObservingDrafter(Protocol):
     """The state after a round's verify: block [B, W] int32 the verified tokens,
     top_ids [B, W, k] int32 the ids of the k largest logits at each (best first),
     on_path [B, W] bool the committed ones (module docstring)."""
+
+
+@runtime_checkable
+class PromptObservingDrafter(LogitsObservingDrafter, Protocol):
+  """A `LogitsObservingDrafter` that also reads the prefill's top-k ids, over the prompt."""
+
+  def after_prefill_logits(self, state: Any, tokens: jax.Array, top_ids: jax.Array,
+                           valid: jax.Array) -> Any:
+    """The state after the prefill: tokens [B, P-1] int32 the prefilled prompt tokens,
+    top_ids [B, P-1, k] int32, valid [B, P-1] bool the slots below each row's L-1."""
 
 
 @runtime_checkable

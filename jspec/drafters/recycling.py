@@ -14,6 +14,10 @@ last time v was verified:
                 committed (the root t(L-1) and the accepted drafts; `update="all"`:
                 every verified position, as the reference implementation does),
                 row block[j] := top-k ids of the logits at j
+    prompt      after the prefill, rows still -1 := top-k ids at the prompt's last
+                slot holding their token (slots 0..L-2: the prefill computes those
+                logits anyway); rows a verify wrote, in this call or an earlier one,
+                are kept. Not in the paper: a warm start for a cold matrix
     drafts      from the last committed token t(L-1), breadth first: a node's child
                 of rank r is adjacency[node, r]. A chain follows rank 0; a tree takes
                 its static shape (`paper_tree()`: the paper's 80 nodes, depth 6)
@@ -23,9 +27,11 @@ t(L-1), like the lookup drafters' positions past their matches: verified like an
 sometimes accepted by chance. Rows start at -1 rather than at the reference code's
 zeros, so an untouched row proposes nothing in particular instead of token 0.
 
-The engine computes the top-k ids inside the verify for this drafter alone (the
-`LogitsObservingDrafter` protocol of `jspec.core.drafter`: k is static, other drafters
-pay nothing) from the model's own logits, before any constraint, bias, penalty or
+The engine computes the top-k ids inside the verify and the prefill for this drafter
+alone (the `LogitsObservingDrafter` and `PromptObservingDrafter` protocols of
+`jspec.core.drafter`: k is static, other drafters pay nothing; the prefill then computes
+the LM head at every prompt slot, about a quarter more prefill work on SmolLM2-135M) from
+the model's own logits, before any constraint, bias, penalty or
 sampling setting, so the matrix describes the target and serves every later call
 alike. One matrix serves the whole batch: rows learn from each other's verifies.
 Where two positions of a round write the same row, a committed one wins over an
@@ -179,19 +185,23 @@ class TokenRecycling:
                           on_path: jax.Array) -> jax.Array:
     """`LogitsObservingDrafter`: row block[b, j] := top_ids[b, j] for the positions
     `update` names, one writer per row (module docstring)."""
-    B, W = block.shape
-    tokens = block.reshape(-1).astype(jnp.int32)  # [B*W], row-major: later wins
     committed = on_path.reshape(-1)
-    order = jnp.arange(B * W, dtype=jnp.int32)
+    order = jnp.arange(committed.shape[0], dtype=jnp.int32)  # row-major: later wins
     if self.update == "path":
       writes, priority = committed, order
     else:  # every position; a committed one over an uncommitted one
-      writes, priority = jnp.ones_like(committed), order + jnp.where(committed, B * W, 0)
-    priority = jnp.where(writes, priority, -1)
-    winner = jnp.full((self.vocab_size,), -1, jnp.int32).at[tokens].max(priority)
-    mine = writes & (winner[tokens] == priority)
-    rows = jnp.where(mine, tokens, self.vocab_size)  # out of range: dropped
-    return state.at[rows].set(top_ids.reshape(B * W, -1).astype(jnp.int32), mode="drop")
+      writes = jnp.ones_like(committed)
+      priority = order + jnp.where(committed, committed.shape[0], 0)
+    return self._write(state, block, top_ids, writes, priority)
+
+  def after_prefill_logits(self, state: jax.Array, tokens: jax.Array, top_ids: jax.Array,
+                           valid: jax.Array) -> jax.Array:
+    """`PromptObservingDrafter`: rows still -1 (no verify wrote them, in this call or an
+    earlier one) := top_ids at the prompt's last slot holding their token. A warm start
+    beyond the paper, which leaves those rows empty until a verify writes them."""
+    flat = tokens.reshape(-1).astype(jnp.int32)
+    writes = valid.reshape(-1) & (state[flat, 0] < 0)
+    return self._write(state, tokens, top_ids, writes, jnp.arange(flat.shape[0], dtype=jnp.int32))
 
   def remembered(self, state: jax.Array | None) -> jax.Array:
     """`RememberingDrafter`: the matrix after the call ([V, k] int32, `out.memory`); the
@@ -201,6 +211,16 @@ class TokenRecycling:
     return state
 
   # ---------------------------------------------------------------- helpers
+
+  def _write(self, state, tokens, top_ids, writes, priority):
+    """state with row tokens[i] := top_ids[i] where writes[i] ([B, W] / [B, W, k] /
+    [B*W] / [B*W]), the highest priority winning where several write one row."""
+    flat = tokens.reshape(-1).astype(jnp.int32)
+    priority = jnp.where(writes, priority, -1)
+    winner = jnp.full((self.vocab_size,), -1, jnp.int32).at[flat].max(priority)
+    mine = writes & (winner[flat] == priority)
+    rows = jnp.where(mine, flat, self.vocab_size)  # out of range: dropped
+    return state.at[rows].set(top_ids.reshape(flat.shape[0], -1).astype(jnp.int32), mode="drop")
 
   def _child(self, adjacency, parent, known, rank, placeholder):
     """(token, known): adjacency[parent, rank] where the parent is known and its row
