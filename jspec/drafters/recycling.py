@@ -10,9 +10,9 @@ last time v was verified:
     adjacency   [V, k] int32   row v: the target's top-k next tokens after v, best
                                first, from the latest verify that committed v;
                                -1: v never verified (this matrix starts all -1)
-    update      after each round, for every verified position j whose token is
-                committed (the root t(L-1) and the accepted drafts; `update="all"`:
-                every verified position, as the reference implementation does),
+    update      after each round, for every verified position j on the accepted path
+                (the root t(L-1) and the accepted drafts; `update="all"`: every
+                verified position, as the reference implementation does),
                 row block[j] := top-k ids of the logits at j
     prompt      after the prefill, rows still -1 := top-k ids at the prompt's last
                 slot holding their token (slots 0..L-2: the prefill computes those
