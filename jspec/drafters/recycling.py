@@ -8,8 +8,8 @@ matrix with, for every token id v, the ids of the k largest logits the target ga
 last time v was verified:
 
     adjacency   [V, k] int32   row v: the target's top-k next tokens after v, best
-                               first, from the latest verify that committed v;
-                               -1: v never verified (this matrix starts all -1)
+                               first, from the latest verify whose accepted path
+                               held v; -1: v never verified (it starts all -1)
     update      after each round, for every verified position j on the accepted path
                 (the root t(L-1) and the accepted drafts; `update="all"`: every
                 verified position, as the reference implementation does),
@@ -30,12 +30,12 @@ zeros, so an untouched row proposes nothing in particular instead of token 0.
 The engine computes the top-k ids inside the verify and the prefill for this drafter
 alone (the `LogitsObservingDrafter` and `PromptObservingDrafter` protocols of
 `jspec.core.drafter`: k is static, other drafters pay nothing; the prefill then computes
-the LM head at every prompt slot, about a quarter more prefill work on SmolLM2-135M) from
-the model's own logits, before any constraint, bias, penalty or
-sampling setting, so the matrix describes the target and serves every later call
-alike. One matrix serves the whole batch: rows learn from each other's verifies.
-Where two positions of a round write the same row, a committed one wins over an
-uncommitted one (`update="all"`), then the later position, then the later batch row.
+the LM head at every prompt slot, about a quarter more prefill work on SmolLM2-135M)
+from the model's own logits, before any constraint, bias, penalty or sampling setting,
+so the matrix describes the target and serves every later call alike. One matrix
+serves the whole batch: rows learn from each other's verifies. Where several positions
+of a round write the same row, one on the accepted path wins over one off it
+(`update="all"`), then the later batch row, then, within a row, the later position.
 
 Memory across calls: the matrix is the drafter's state, updated inside the loop, and
 the call hands back the final one as `out.memory` (the `RememberingDrafter` protocol).
@@ -107,7 +107,7 @@ class TokenRecycling:
   vocab_size: int = _static()
   memory: jax.Array | None = None  # [V, top_k] int32, traced; None: every row -1
   top_k: int = _static(PAPER_TOP_K)  # k: next-token ids kept per token id
-  update: str = _static("path")  # "path": committed positions; "all": every verified one
+  update: str = _static("path")  # "path": the accepted path's positions; "all": every one
 
   def __post_init__(self):
     V, k = self.vocab_size, self.top_k
@@ -189,7 +189,7 @@ class TokenRecycling:
     order = jnp.arange(committed.shape[0], dtype=jnp.int32)  # row-major: later wins
     if self.update == "path":
       writes, priority = committed, order
-    else:  # every position; a committed one over an uncommitted one
+    else:  # every position; one on the accepted path over one off it
       writes = jnp.ones_like(committed)
       priority = order + jnp.where(committed, committed.shape[0], 0)
     return self._write(state, block, top_ids, writes, priority)
@@ -213,8 +213,9 @@ class TokenRecycling:
   # ---------------------------------------------------------------- helpers
 
   def _write(self, state, tokens, top_ids, writes, priority):
-    """state with row tokens[i] := top_ids[i] where writes[i] ([B, W] / [B, W, k] /
-    [B*W] / [B*W]), the highest priority winning where several write one row."""
+    """state with row tokens[i] := top_ids[i] wherever writes[i], the highest priority
+    winning where several write one row: tokens [B, W], top_ids [B, W, k], writes and
+    priority [B*W] (row-major)."""
     flat = tokens.reshape(-1).astype(jnp.int32)
     priority = jnp.where(writes, priority, -1)
     winner = jnp.full((self.vocab_size,), -1, jnp.int32).at[flat].max(priority)
