@@ -12,7 +12,8 @@ The package, in layers (docs/architecture.md; each imports only those below it):
     jspec.training  corpus, trainer, the decoder's and the drafters' objectives
     jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
     jspec.planner   the host side of a call: inputs, plan, placement, round costs
-    jspec.drafters  draft model, n-gram, datastore, suffix, lookahead, Medusa, EAGLE
+    jspec.drafters  draft model, n-gram, datastore, suffix, token recycling, lookahead,
+                    Medusa, EAGLE
     jspec.models    the model zoo (reference decoder, Hugging Face and GGUF converters)
     jspec.core      the model contract, decode state, rounds, acceptance, the programs
 
@@ -44,6 +45,7 @@ _EXPORTS = {
     "OutputHead": "jspec.core.model",
     "SamplingParams": "jspec.core.sampling",
     "Suffix": "jspec.drafters.suffix",
+    "TokenRecycling": "jspec.drafters.recycling",
     "Tokenizer": "jspec.io.tokenizer",
     "Tree": "jspec.core.tree",
     "generate": "jspec.planner.api",

@@ -44,6 +44,7 @@ MODULES = (
     "jspec.core.model",
     "jspec.drafters.ngram",
     "jspec.drafters.suffix",
+    "jspec.drafters.recycling",
     "jspec.drafters.lookup_tree",
     "jspec.drafters.lookahead",
     "jspec.drafters.ngram_pool",

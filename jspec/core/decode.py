@@ -49,7 +49,8 @@ from jspec.core import acceptance, constrained, prefill, sampling, sharding, str
 from jspec.core import logprobs as logprobs_lib, stats as stats_lib, tree as tree_lib
 from jspec.core import penalties as penalties_lib
 from jspec.core.stats import DecodeStats
-from jspec.core.drafter import DraftContext, target_for, uses_features
+from jspec.core.drafter import (DraftContext, LogitsObservingDrafter, PromptObservingDrafter,
+                                target_for, uses_features)
 from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
@@ -150,11 +151,13 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
   cache = sharding.constrain_cache(target, target.init_cache(B, S), config.layout)
-  hidden = None
+  hidden = prompt_ids = None
+  observing = isinstance(drafter, PromptObservingDrafter)
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
     with jax.named_scope("target_prefill"):
-      cache, hidden = prefill.prefill(target, tokens, prompt_lengths, cache,
-                                      hidden=uses_features(drafter))
+      cache, hidden, prompt_ids = prefill.observed(
+          target, tokens, prompt_lengths, cache, uses_features(drafter),
+          drafter.observed_top_k if observing else 0)
   features = feature_start = None
   if drafter is None:
     drafter_state = None
@@ -172,6 +175,11 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
         padded, feature_start)
   else:
     drafter_state = drafter.init(tokens, prompt_lengths, S)
+  if prompt_ids is not None:  # a PromptObservingDrafter reads the prompt's top-k ids
+    with jax.named_scope("observe_logits"):
+      valid = jnp.arange(P - 1, dtype=jnp.int32)[None, :] < (prompt_lengths - 1)[:, None]
+      drafter_state = drafter.after_prefill_logits(drafter_state, tokens[:, :P - 1], prompt_ids,
+                                                   valid)
   return DecodeState(
       tokens=buffer,
       lengths=prompt_lengths,
@@ -289,9 +297,24 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
       p = sampling.probabilities(_penalized(logits, state, block, chain), state.params)
       n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
+  drafter_state = _observe_logits(drafter, drafter_state, state, block, raw_logits,
+                                  j <= n[:, None])
   drafts_padded = jnp.concatenate([drafts, jnp.zeros((B, 1), jnp.int32)], axis=1)
   emitted = jnp.where(j == n[:, None], next_token[:, None], drafts_padded)  # [B, K+1]
   return n, emitted, cache, drafter_state, hidden, (raw_logits, logits, p)
+
+
+def _observe_logits(drafter, drafter_state, state: DecodeState, block, raw_logits, on_path):
+  """A `LogitsObservingDrafter`'s state after the verify: it gets the ids of the k
+  largest raw logits at each verified position (block [B, W], raw_logits [B, W, V]) and
+  which lie on the accepted path (on_path [B, W]: the root and the accepted drafts; none
+  for rows already done). Any other drafter's state as it is: no top-k is computed."""
+  if not isinstance(drafter, LogitsObservingDrafter):
+    return drafter_state
+  with jax.named_scope("observe_logits"):
+    top_ids = lax.top_k(raw_logits, drafter.observed_top_k)[1].astype(jnp.int32)  # [B, W, k]
+    on_path = on_path & ~state.done[:, None]
+    return drafter.after_verify_logits(drafter_state, block, top_ids, on_path)
 
 
 def _tree(target, drafter, state, context, start, last, topology: Tree, draft_keys, accept_keys,
@@ -335,10 +358,13 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
       p = sampling.probabilities(_penalized(logits, state, block, ancestors), state.params)
       node, next_token = tree_lib.accept_sampled(p, candidates, shape, accept_keys)
   path = tree_lib.path_nodes(node, shape)  # [B, D+1]
-  depths = tree_lib.row_arrays(shape, node.shape[0])[1]  # [B, N]
+  _, depths, ancestors, _ = tree_lib.row_arrays(shape, node.shape[0])  # [B, N], [B, N, N]
   n = jnp.take_along_axis(depths, node[:, None], axis=1)[:, 0]  # [B] accepted drafts
   if side is not None:
     drafter_state = drafter.after_verify(drafter_state, context, predictions, n)
+  # The accepted path, root to node: the node's ancestors, itself included.
+  on_path = jnp.take_along_axis(ancestors, node[:, None, None], axis=1)[:, 0]  # [B, N]
+  drafter_state = _observe_logits(drafter, drafter_state, state, block, raw_logits, on_path)
   with jax.named_scope("compact"):
     cache = tree_lib.compact(cache, _cache_axes(target), start, path, topology.num_nodes)
   D = topology.max_depth

@@ -68,6 +68,30 @@ treatment of jspec's own:
         K/V cache): `"auto"` calls it at the start of each round that does not draft,
         while the context still holds the features of the round before, which the
         next round replaces.
+    LogitsObservingDrafter: observed_top_k: int; after_verify_logits(state, block,
+        top_ids, on_path) -> state
+        a drafter that learns from the logits every verify computes anyway (token
+        recycling): after each round, "auto"'s plain rounds included, the engine gives
+        it the verified tokens block [B, W] (a chain's t(L-1), d1..dK; a tree's N
+        nodes), the ids of the `observed_top_k` largest logits at each position,
+        top_ids [B, W, k] (the model's own logits: before the constraint's mask,
+        the bias and penalties, temperature and the filters), and on_path [B, W],
+        True on the accepted path (the root and the accepted drafts, though EOS or
+        max_new_tokens may still cut the last of them from the output; all False for
+        rows that were done before the round). k is static; other drafters cost
+        nothing: no top-k is computed for them.
+    PromptObservingDrafter: a LogitsObservingDrafter with after_prefill_logits(state,
+        tokens, top_ids, valid) -> state
+        it also gets the prompt's: tokens [B, P-1] the prefilled prompt tokens,
+        top_ids [B, P-1, k] as above, valid [B, P-1] True at slots 0..L-2 of each row
+        (whose logits chose committed prompt tokens). Called once, after the prefill
+        and `init`; only such drafters make the prefill compute the LM head and top-k.
+    RememberingDrafter: remembered(state) -> memory
+        a drafter whose state is worth keeping across calls (token recycling's
+        matrix): the programs return `remembered` of the state after the loop, and
+        `speculative_generate` hands it back as `out.memory`, for the caller to give
+        the next call's drafter. state None: the call never ran the drafter
+        ("auto" chose plain decoding); the drafter returns what it started from.
 
 Drafter state must follow the decode-state invariant: it may keep anything about
 committed tokens t_0..t_{L-2}, and must not trust anything past them, because the
@@ -236,6 +260,45 @@ class ObservingDrafter(Protocol):
   def observe(self, state: Any, context: DraftContext) -> Any:
     """The state with the features of `context` taken in, as `propose` would before
     drafting."""
+
+
+@runtime_checkable
+class LogitsObservingDrafter(Protocol):
+  """A drafter that reads the target's most likely next ids at every verified position
+  (token recycling's adjacency matrix)."""
+
+  observed_top_k: int  # k, static: how many ids per position it reads
+
+  def after_verify_logits(self, state: Any, block: jax.Array, top_ids: jax.Array,
+                          on_path: jax.Array) -> Any:
+    """The state after a round's verify: block [B, W] int32 the verified tokens,
+    top_ids [B, W, k] int32 the ids of the k largest logits at each (best first),
+    on_path [B, W] bool the accepted path: the root and the accepted drafts (module
+    docstring)."""
+
+
+@runtime_checkable
+class PromptObservingDrafter(LogitsObservingDrafter, Protocol):
+  """A `LogitsObservingDrafter` that also reads the prefill's top-k ids, over the prompt."""
+
+  def after_prefill_logits(self, state: Any, tokens: jax.Array, top_ids: jax.Array,
+                           valid: jax.Array) -> Any:
+    """The state after the prefill: tokens [B, P-1] int32 the prefilled prompt tokens,
+    top_ids [B, P-1, k] int32, valid [B, P-1] bool the slots below each row's L-1."""
+
+
+@runtime_checkable
+class RememberingDrafter(Protocol):
+  """A drafter whose final state a call hands back to its caller (`out.memory`)."""
+
+  def remembered(self, state: Any) -> Any:
+    """The memory to carry into the next call, from the state after the loop (None:
+    the drafter never ran, the memory it started from)."""
+
+
+def remembered(drafter, state) -> Any:
+  """`RememberingDrafter.remembered` of `state`; None for other drafters."""
+  return drafter.remembered(state) if isinstance(drafter, RememberingDrafter) else None
 
 
 def uses_features(drafter) -> bool:

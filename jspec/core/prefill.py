@@ -41,37 +41,53 @@ def prefill(model: Model, tokens, prompt_lengths, cache, hidden: bool = False):
   (drafters that read target features need it), else None. Entries past a row's own
   prompt are not meaningful, as with one call over the padded block.
   """
+  cache, h, _ = observed(model, tokens, prompt_lengths, cache, hidden, 0)
+  return cache, h
+
+
+def observed(model: Model, tokens, prompt_lengths, cache, hidden: bool, top_k: int):
+  """`prefill`, and with top_k > 0 also top_ids [B, P-1, top_k] int32: the ids of the
+  top_k largest logits at every prefilled slot, best first (for a
+  `PromptObservingDrafter`; None when top_k is 0, and then XLA drops the LM head of
+  the prefill, whose logits nothing reads). Returns (cache, hidden, top_ids)."""
   B, P = tokens.shape
   n = P - 1  # slots to fill
   small = _prompt_sized(model, cache, B, n)
   if small is not None:  # attend over the prompt's n slots, not the whole cache's S
-    small, h = prefill(model, tokens, prompt_lengths, small, hidden)
-    return _merged(cache, small), h
+    small, h, ids = observed(model, tokens, prompt_lengths, small, hidden, top_k)
+    return _merged(cache, small), h, ids
+
+  def top(logits):
+    return lax.top_k(logits, top_k)[1].astype(jnp.int32) if top_k else None
+
   C = min(CHUNK, n)
   if C == n:  # one call covers it (static)
-    _, h, cache = model.apply(tokens[:, :n], cache, jnp.zeros((B,), jnp.int32))
-    return cache, (h if hidden else None)
+    logits, h, cache = model.apply(tokens[:, :n], cache, jnp.zeros((B,), jnp.int32))
+    return cache, (h if hidden else None), top(logits)
   body_tokens = tokens[:, :n]
   # Chunks that hold a real token of some row: slots 0 .. max(L) - 2.
   needed = (jnp.max(prompt_lengths).astype(jnp.int32) - 2) // C + 1
 
   def chunk(carry):
-    i, cache, h_all = carry
+    i, cache, h_all, ids_all = carry
     at = jnp.minimum(i * C, n - C)  # the last chunk ends at slot n - 1
     block = lax.dynamic_slice_in_dim(body_tokens, at, C, axis=1)  # [B, C]
-    _, h, cache = model.apply(block, cache, jnp.full((B,), at, jnp.int32))
+    logits, h, cache = model.apply(block, cache, jnp.full((B,), at, jnp.int32))
     if h_all is not None:
       h_all = lax.dynamic_update_slice_in_dim(h_all, h.astype(h_all.dtype), at, axis=1)
-    return i + 1, cache, h_all
+    if ids_all is not None:
+      ids_all = lax.dynamic_update_slice_in_dim(ids_all, top(logits), at, axis=1)
+    return i + 1, cache, h_all, ids_all
 
   h_all = None
   if hidden:
     D = jax.eval_shape(lambda c: model.apply(body_tokens[:, :C], c, jnp.zeros((B,), jnp.int32)),
                        cache)[1]
     h_all = jnp.zeros((B, n) + D.shape[2:], D.dtype)  # [B, P-1, D]
-  _, cache, h_all = lax.while_loop(lambda c: c[0] < needed, chunk,
-                                   (jnp.zeros((), jnp.int32), cache, h_all))
-  return cache, h_all
+  ids_all = jnp.zeros((B, n, top_k), jnp.int32) if top_k else None  # [B, P-1, k]
+  _, cache, h_all, ids_all = lax.while_loop(lambda c: c[0] < needed, chunk,
+                                            (jnp.zeros((), jnp.int32), cache, h_all, ids_all))
+  return cache, h_all, ids_all
 
 
 def _prompt_sized(model: Model, cache, B: int, n: int):

@@ -7,13 +7,15 @@ placed arrays and static settings and returns plain arrays; everything on the ho
 usable directly from jitted code's neighbourhood: `jspec.planner` is one caller.
 
 Returns (both): out [B, S] int32 new tokens left-aligned (-1 past each row's end),
-lengths [B] int32, stats (`DecodeStats`), records (`logprobs.output`, or None);
-`auto` adds rounds [len(choices)] int32, the rounds run at each K.
+lengths [B] int32, stats (`DecodeStats`), records (`logprobs.output`, or None), memory
+(a `RememberingDrafter`'s `remembered` state after the loop, or None); `auto` adds
+rounds [len(choices)] int32, the rounds run at each K.
 """
 
 from __future__ import annotations
 
 from jspec.core import compilation, decode, dynamic, logprobs
+from jspec.core.drafter import remembered
 
 
 def _records(state: decode.DecodeState):
@@ -32,7 +34,8 @@ def fixed(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, see
                             seeds, config, constraint)
   state = decode.decode_loop(target, drafter, state, config, channel)
   out, new_lengths = decode.output_tokens(state)
-  return out, new_lengths, state.stats, _records(state)
+  return (out, new_lengths, state.stats, _records(state),
+          remembered(drafter, state.drafter_state))
 
 
 @compilation.program(static_argnames=("config", "auto"))
@@ -45,4 +48,4 @@ def auto(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seed
   state = dynamic.decode_loop(target, drafter, state, config, auto, channel)
   out, new_lengths = decode.output_tokens(state.decode)
   return (out, new_lengths, state.decode.stats, _records(state.decode),
-          state.schedule.rounds)
+          remembered(drafter, state.decode.drafter_state), state.schedule.rounds)

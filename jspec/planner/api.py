@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.core import decode, logprobs, programs, schedule, sharding
+from jspec.core.drafter import remembered
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import Tree
@@ -173,11 +174,13 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
   # The decoding form of the weights, built once per model rather than once per call.
   target, drafter = target.decoding_form(), plan.decoding_form(drafter)
   auto = speculation.k if speculation and isinstance(speculation.k, schedule.AutoK) else None
-  costs = None
+  costs = memory = None
   if auto is not None:
     costs = plan.round_costs(target, drafter, auto, request.batch, request.cache_length,
                              request.greedy, request.filtered)
     if costs.plain:  # speculation cannot win here: plain decoding
+      # A drafter's memory comes back as it went in (`RememberingDrafter`).
+      memory = remembered(drafter, None)
       drafter, auto, K = None, None, 0
     else:
       auto = dataclasses.replace(auto, choices=costs.choices, costs=None)  # costs go in traced
@@ -195,10 +198,13 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
       *result, rounds = programs.auto(*args, jnp.asarray(costs.costs, jnp.float32),
                                       jnp.asarray(costs.catch_up, jnp.float32), config=config,
                                       auto=auto)
-    out, new_lengths, stats, records, rounds = placement.gathered(layout, (*result, rounds))
+    out, new_lengths, stats, records, returned, rounds = placement.gathered(
+        layout, (*result, rounds))
+  memory = memory if returned is None else returned
   by_k = None
   if rounds is not None:
     by_k = outputs.rounds_by_k(auto.choices, rounds)
   elif costs is not None:  # "auto" chose plain decoding for the whole call
     by_k = {0: int(np.max(np.asarray(stats.target_calls)))}
-  return outputs.collect(out, new_lengths, stats, records, int(request.max_new.max()), by_k)
+  return outputs.collect(out, new_lengths, stats, records, int(request.max_new.max()), by_k,
+                         memory)

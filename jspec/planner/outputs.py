@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -24,20 +25,24 @@ class GenerateOutput:
   logprobs: jax.Array | None = None  # [B, max_new_tokens] f32
   top_ids: jax.Array | None = None  # [B, max_new_tokens, n] int32 (Logprobs(top=n)); -1 after the end
   top_logprobs: jax.Array | None = None  # [B, max_new_tokens, n] f32
+  # A `RememberingDrafter`'s memory after the call (`jspec.TokenRecycling`: its adjacency
+  # matrix [V, k] int32), for the next call's drafter; None for other drafters.
+  memory: Any = None
 
 
-def collect(out, lengths, stats, records, width: int, rounds_by_k: dict | None) -> GenerateOutput:
+def collect(out, lengths, stats, records, width: int, rounds_by_k: dict | None,
+            memory: Any = None) -> GenerateOutput:
   """The output of a call whose longest row asked for `width` new tokens.
 
-  out [B, S], lengths [B], stats, records (`logprobs.output`, or None) as the program
-  returned them."""
+  out [B, S], lengths [B], stats, records (`logprobs.output`, or None) and memory (a
+  `RememberingDrafter`'s, or None) as the program returned them."""
   extra = {}
   if records is not None:
     extra = dict(logprobs=records.chosen[:, :width],
                  top_ids=None if records.top_ids is None else records.top_ids[:, :width],
                  top_logprobs=None if records.top_values is None else records.top_values[:, :width])
   return GenerateOutput(tokens=out[:, :width], lengths=lengths, stats=stats,
-                        rounds_by_k=rounds_by_k, **extra)
+                        rounds_by_k=rounds_by_k, memory=memory, **extra)
 
 
 def rounds_by_k(choices, rounds) -> dict[int, int]:

@@ -100,15 +100,16 @@ def load_chat_model(path: str | None):
   return model
 
 
-DRAFTER_NAMES = "ngram[:N], lookahead[:W,N,G], none"
+DRAFTER_NAMES = "ngram[:N], lookahead[:W,N,G], recycling, none"
 
 
 def drafter_for(target, name: str, ngram: int = 3, *, target_name: str = "the target",
                 flag: str = "--drafter"):
   """A drafter from the command line (--drafter, --draft): "ngram[:N]" (lookup in the
   context, no training; N the longest n-gram, default `ngram`), "lookahead[:W,N,G]"
-  (Jacobi lookahead with the target itself), "none" (plain decoding, returns None), or a
-  drafter saved in a folder or file (`fitting_drafter`). Errors are SystemExit with
+  (Jacobi lookahead with the target itself), "recycling" (token recycling: the target's
+  top-8 next tokens per token id, learnt within the call), "none" (plain decoding,
+  returns None), or a drafter saved in a folder or file (`fitting_drafter`). Errors are SystemExit with
   messages naming `flag` and `target_name`."""
   import jspec
 
@@ -122,6 +123,8 @@ def drafter_for(target, name: str, ngram: int = 3, *, target_name: str = "the ta
                          f"longest n-gram the lookup matches)")
       ngram = int(size)
     return jspec.NGram(target.vocab_size, max_ngram=ngram)
+  if name == "recycling":
+    return jspec.TokenRecycling(target.vocab_size)
   if name == "lookahead" or name.startswith("lookahead:"):
     try:
       return lookahead_from(name, target.vocab_size)
