@@ -102,9 +102,10 @@ def _cell(items: list, variant: str, base: str) -> dict:
   return cell
 
 
-def _predict(cell: dict, k, costs: dict | None) -> None:
-  """Adds predicted_accelerator and ideal_here to a cell from its rounds and the costs."""
-  if costs is None:
+def _predict(cell: dict, k, by_k: dict | None) -> None:
+  """Adds predicted_accelerator and ideal_here to a cell from its rounds and the method's
+  costs by K (`measure_costs`)."""
+  if by_k is None:
     return
   if "rounds_by_k" in cell:
     rounds = {int(a): b for a, b in cell["rounds_by_k"].items()}
@@ -118,7 +119,7 @@ def _predict(cell: dict, k, costs: dict | None) -> None:
       accel += n
       here += n
       continue
-    c = costs.get(str(kk))
+    c = by_k.get(str(kk))
     if c is None or c["draft_round_over_step"] is None:
       return
     accel += n * (1.0 + c["draft_round_over_step"])
@@ -127,7 +128,7 @@ def _predict(cell: dict, k, costs: dict | None) -> None:
   cell["ideal_here"] = cell["tokens"] / here if here else None
 
 
-def aggregate(items: list, methods: dict, sampled: bool, costs: dict | None) -> dict:
+def aggregate(items: list, methods: dict, sampled: bool, measured: dict | None) -> dict:
   """{"greedy": {method: {group or "overall": cell}}, "sampled": ...}: every method's
   figures per category and over all prompts (`_cell`), with predictions (`_predict`)."""
   groups = suite.columns(it["group"] for it in items) + ["overall"]
@@ -143,7 +144,7 @@ def aggregate(items: list, methods: dict, sampled: bool, costs: dict | None) -> 
         chosen = [it for it in items if g == "overall" or it["group"] == g]
         row[g] = _cell(chosen, variant, base)
         if name != "plain":
-          _predict(row[g], methods[name].k, (costs or {}).get("methods", {}).get(name))
+          _predict(row[g], methods[name].k, (measured or {}).get("methods", {}).get(name))
       table[name] = row
     out[mode] = table
   return out
