@@ -54,6 +54,8 @@ class Built:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
+  """A registry entry: the Spec-Bench row it compares with, and how to build it."""
+
   family: str  # the Spec-Bench leaderboard row it stands beside
   build: Callable[[Setup], Built]
 
