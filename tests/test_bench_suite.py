@@ -245,6 +245,24 @@ def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
     assert (tmp_path / "suite.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # twice the programs of a greedy run
+def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path):
+  out = tmp_path / "suite.json"
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--methods", "ngram", "--sampled",
+          "--max-new-tokens", "6", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
+          "--no-progress"]
+  assert cli.main(argv) == 0
+  report = json.loads(out.read_text())
+  # T = 1: every method against plain sampling; answers differ by design, none compared.
+  sampled = report["results"]["sampled"]
+  assert set(sampled) == {"plain", "ngram"}
+  assert all("equal_to_plain" not in c for c in sampled["ngram"].values())
+  assert all(c["tau"] >= 1.0 and c["speedup"] > 0 for c in sampled["ngram"].values())
+  assert report["results"]["greedy"]["ngram"]["overall"]["equal_to_plain"]
+  assert "at T = 1" in report["tables"]["sampled"]
+
+
 def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypatch, capsys):
   real = spec_bench._call
 

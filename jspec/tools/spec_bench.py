@@ -139,19 +139,20 @@ def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
   from jspec.drafters.suffix import SuffixMemory, remember
 
   tok = target.tokenizer
+  eos = set(int(e) for e in target.eos_ids)
   memory = SuffixMemory.empty(MEMORY_SLOTS)
   runs = variants(methods, s.sampled)
   names = [v for v, _, _ in runs]
   compiled = set()  # (variant, P, S) already compiled
   items, mismatches = [], []
   bar = _progress(sum(len(q.turns) for q in questions), s.progress)
-  for qi, q in enumerate(questions):
+  for q in questions:
     history = []
     for turn, text in enumerate(q.turns):
       history.append({"role": "user", "content": text})
       ids = chat_ids(tok, history)
       P, S = shapes(len(ids), s.max_new_tokens)
-      seed = s.seed * 100003 + qi * 17 + turn
+      seed = s.seed + len(items)  # the T = 1 runs: one seed per prompt, every method alike
       calls = {v: _call(target, None if m is None else methods[m], ids, S, temp, seed, memory)
                for v, m, temp in runs}
       for v in names:
@@ -191,7 +192,7 @@ def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
       items.append({"question_id": q.question_id, "category": q.category, "group": q.group,
                     "turn": turn + 1, "prompt_tokens": len(ids), "P": P, "S": S,
                     "times": times, "runs": recs})
-      answer = [t for t in reference.tolist() if t not in set(target.eos_ids)]
+      answer = [t for t in reference.tolist() if t not in eos]
       history.append({"role": "assistant", "content": tok.decode(answer).strip()})
       # The memory holds every earlier answer (plain greedy's: every method's, when equal).
       memory = remember(memory, np.asarray(outs["plain"].tokens), np.asarray(outs["plain"].lengths))
