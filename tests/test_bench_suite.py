@@ -289,3 +289,31 @@ def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypa
   assert "MISMATCH: ngram on question 90 turn 1" in err and "ERROR: 1 greedy answer" in err
   (mismatch,) = json.loads(out.read_text())["mismatches"]
   assert mismatch["method"] == "ngram" and mismatch["first_difference"] == 0
+
+
+def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf, tmp_path,
+                                                                      monkeypatch):
+  """The matrix a Token Recycling call hands back (`out.memory`) starts the next prompt's
+  call: empty for the first prompt, holding what the verifies saw for the later ones, and
+  every answer still equal to plain greedy's."""
+  real = spec_bench._call
+  seen = []
+
+  def spy(target, built, ids, S, temperature, seed, memory, carried=None):
+    if built is not None:
+      seen.append(None if carried is None else np.asarray(carried))
+    return real(target, built, ids, S, temperature, seed, memory, carried)
+
+  monkeypatch.setattr(spec_bench, "_call", spy)
+  out = tmp_path / "suite.json"
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", [ROWS[0], ROWS[2]]), "--all", "--methods",
+          "recycling", "--max-new-tokens", "6", "--json", str(out), "--cache-dir",
+          str(tmp_path / "xla"), "--no-progress"]
+  assert cli.main(argv) == 0
+  report = json.loads(out.read_text())
+  assert report["mismatches"] == [] and len(report["items"]) == 3
+  assert len(seen) == 3 and all(m is not None for m in seen)
+  assert np.all(seen[0] == -1)  # nothing verified before the first prompt
+  learnt = [int(np.sum(m >= 0)) for m in seen]
+  assert 0 < learnt[1] <= learnt[2], learnt  # rows written are kept and added to

@@ -89,8 +89,10 @@ def variants(methods: dict, sampled: bool) -> list[tuple[str, str | None, float]
   return out
 
 
-def _call(target, built, ids, S: int, temperature: float, seed: int, memory):
-  """fn(max_new_tokens) -> output of one prompt padded to its bucket, at cache length S."""
+def _call(target, built, ids, S: int, temperature: float, seed: int, memory, carried=None):
+  """fn(max_new_tokens) -> output of one prompt padded to its bucket, at cache length S.
+  memory: the suffix memory (methods `with_memory`); carried: a `RememberingDrafter`'s
+  `out.memory` from the question before (Token Recycling's matrix), or None."""
   import jspec
 
   P, _ = shapes(len(ids), 0)
@@ -102,6 +104,8 @@ def _call(target, built, ids, S: int, temperature: float, seed: int, memory):
   drafter = built.drafter
   if built.with_memory:
     drafter = dataclasses.replace(drafter, memory=memory)
+  if carried is not None:
+    drafter = dataclasses.replace(drafter, memory=carried)
   return lambda n: jspec.speculative_generate(target, drafter, tokens, num_draft_tokens=built.k,
                                               max_new_tokens=n, **kw)
 
@@ -136,11 +140,17 @@ def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
 
   methods: {name: `suite_methods.Built`}. Each item is one prompt (a question's turn) with
   its variants' records and per-repeat times (no answers: those are compared here)."""
+  from jspec.core.drafter import RememberingDrafter
   from jspec.drafters.suffix import SuffixMemory, remember
 
   tok = target.tokenizer
   eos = set(int(e) for e in target.eos_ids)
   memory = SuffixMemory.empty(MEMORY_SLOTS)
+  # A drafter that hands its memory back (`out.memory`: Token Recycling's matrix) carries it
+  # from question to question, as a server would; started as an array, not None, so every
+  # question reuses the program compiled for the first. The greedy run's memory is carried.
+  carried = {m: b.drafter.remembered(None) for m, b in methods.items()
+             if isinstance(b.drafter, RememberingDrafter)}
   runs = variants(methods, s.sampled)
   names = [v for v, _, _ in runs]
   compiled, cut = set(), set()  # (variant, P, S) and S already compiled
@@ -153,7 +163,8 @@ def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
       ids = chat_ids(tok, history)
       P, S = shapes(len(ids), s.max_new_tokens)
       seed = s.seed + len(items)  # the T = 1 runs: one seed per prompt, every method alike
-      calls = {v: _call(target, None if m is None else methods[m], ids, S, temp, seed, memory)
+      calls = {v: _call(target, None if m is None else methods[m], ids, S, temp, seed, memory,
+                        carried.get(m))
                for v, m, temp in runs}
       for v in names:
         if (v, P, S) not in compiled:  # max_new_tokens is traced: one token compiles it
@@ -196,6 +207,9 @@ def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
       history.append({"role": "assistant", "content": tok.decode(answer).strip()})
       # The memory holds every earlier answer (plain greedy's: every method's, when equal).
       memory = remember(memory, np.asarray(outs["plain"].tokens), np.asarray(outs["plain"].lengths))
+      for v, m, temp in runs:
+        if m in carried and temp == 0:
+          carried[m] = outs[v].memory
       bar.update(1)
   bar.close()
   return {"items": items, "mismatches": mismatches}

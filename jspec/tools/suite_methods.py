@@ -93,7 +93,8 @@ def _recycling(setup: Setup) -> Built:
     cls = getattr(jspec, "TokenRecycling")
   except AttributeError:
     raise Unavailable("jspec.TokenRecycling is not in this version of jspec") from None
-  return Built(cls(_vocab(setup)), setup.k, f"Token Recycling, K = {setup.k}")
+  return Built(cls(_vocab(setup)), setup.k,
+               f"Token Recycling, matrix carried across questions, K = {setup.k}")
 
 
 def _datastore(setup: Setup) -> Built:
