@@ -298,3 +298,45 @@ def test_bad_input_is_a_clear_error(target, tmp_path):
     jspec.load_drafter(d, target)
   with pytest.raises(FileNotFoundError, match="has no config.json"):
     jspec.load_drafter(tmp_path, target)
+
+
+def test_command_line_drafter_resolution(target, tmp_path):
+  """`--drafter DIR` / `--draft DIR` (`chat.drafter_for`, shared by generate, chat, measure,
+  bench and profile) reads published layouts; a misfit is a SystemExit naming the folder."""
+  from jspec.tools import chat
+
+  assert isinstance(chat.drafter_for(target, specforge_dir(tmp_path / "sf")), jspec.Eagle)
+  assert isinstance(chat.drafter_for(target, medusa_dir(tmp_path / "md")), jspec.Medusa)
+  big = jspec.models.init(tiny_config(vocab_size=V, hidden=48, heads=4), seed=0)
+  with pytest.raises(SystemExit, match=r"--drafter .*sp cannot draft for the target: .*hidden "
+                                       r"size 32, but the target's is 48"):
+    chat.drafter_for(big, speculators_dir(tmp_path / "sp"))
+
+
+@pytest.mark.slow  # the CLI on the shipped target: two programs compiled
+def test_export_drafter_command_and_generate_with_its_output(tmp_path, capsys):
+  """`jspec export-drafter` writes a jspec EAGLE-3 head (the published layer form) for the
+  shipped target as speculators; `jspec generate --draft OUT` prints what plain greedy does."""
+  from jspec.drafters import eagle as E
+  from jspec.io import shipped
+  from jspec.tools import cli
+
+  target = shipped.load(shipped.TARGET)
+  config = E.EagleConfig.for_target(target.config, feature_layers=(0, 2, 3), input_form="concat")
+  head = E.Eagle.from_target(target, E.init_params(config, jax.random.key(0)), config)
+  E.save_eagle(head.reduced(np.arange(512)), tmp_path / "head")
+  assert cli.main(["export-drafter", str(tmp_path / "head"), str(tmp_path / "sp"),
+                   "--format", "speculators"]) == 0
+  assert PD.detect_layout(tmp_path / "sp") == "speculators"
+  capsys.readouterr()
+  prompt = ["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "12"]
+  assert cli.main(prompt + ["--draft", "none"]) == 0
+  plain = capsys.readouterr().out
+  assert cli.main(prompt + ["--draft", str(tmp_path / "sp"), "--k", "3"]) == 0
+  assert capsys.readouterr().out == plain
+  with pytest.raises(SystemExit, match="input_form='concat'"):
+    own = E.EagleConfig.for_target(target.config, feature_layers=(0, 2, 3))
+    E.save_eagle(E.Eagle.from_target(target, E.init_params(own, jax.random.key(0)), own),
+                 tmp_path / "own")
+    cli.main(["export-drafter", str(tmp_path / "own"), str(tmp_path / "x"), "--format",
+              "specforge"])

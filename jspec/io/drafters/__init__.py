@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 
 from jspec.core.model import Model
@@ -99,7 +100,7 @@ def load_drafter(path, target: Model, dtype=None):
   if layout is None:
     raise CheckpointError(f"{os.path.join(path, 'config.json')} is not a drafter layout jspec "
                           f"recognises; recognised: {_known()}")
-  dtype = None if dtype is None else np.dtype(dtype) if dtype != "bfloat16" else "bfloat16"
+  dtype = None if dtype is None else jnp.dtype(dtype)
   if layout in (eagle3.SPECFORGE, eagle3.SPECULATORS):
     return eagle3.load(path, cfg, layout, target, dtype)
   if layout == eagle1.LAYOUT:
@@ -118,8 +119,7 @@ def export_drafter(drafter, out, fmt: str, *, dtype="float32", verifier: str | N
 
   if fmt not in FORMATS:
     raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
-  dt = np.dtype("float32") if dtype is None else np.dtype(dtype) if dtype != "bfloat16" \
-      else np.dtype(__import__("ml_dtypes").bfloat16)
+  dt = np.dtype(jnp.dtype("float32" if dtype is None else dtype))  # bf16: ml_dtypes' type
   if fmt == medusa.LAYOUT:
     if not isinstance(drafter, Medusa):
       raise ValueError(f"--format medusa writes Medusa heads, got {type(drafter).__name__}")
