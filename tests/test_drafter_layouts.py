@@ -1,4 +1,4 @@
-"""Published drafter layouts (`jspec.load_drafter`, `jspec.io.drafters`): checkpoints written
+"""Published drafter layouts (`jspec.load_drafter`, `jspec.io.drafter_layouts`): checkpoints written
 here with NumPy in each layout (SpecForge and speculators EAGLE-3, SafeAILab EAGLE-1, medusa-llm
 Medusa) load into jspec's drafters, decode greedily to the target's own output (chains, a static
 tree, a dynamic tree), export and load back to the same params; bad input is a clear error
@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 import jspec
-from jspec.io import drafters as PD
-from jspec.io.drafters import tensors as T
+from jspec.io import drafter_layouts as PD
+from jspec.io import layout_tensors as T
 from conftest import numpy_drawn_target, tiny_config
 
 V, D, H, HKV, DH, F = 40, 32, 4, 2, 8, 64

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 import jspec
 from jspec.core.drafter import DraftContext, target_for
-from jspec.io import drafters as PD
+from jspec.io import drafter_layouts as PD
 from conftest import require
 
 pytestmark = pytest.mark.slow

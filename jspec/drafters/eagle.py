@@ -87,7 +87,7 @@ class Eagle:
       default=None, metadata=dict(static=True))
   ids: jax.Array | None = None  # [N] int32: the token ids drafted (None: all V; `reduced`)
   rows: jax.Array | None = None  # [N, D] the LM-head rows of `ids`
-  # Heads loaded from a published layout (`jspec.io.drafters`) carry their own copy of
+  # Heads loaded from a published layout (`jspec.io.drafter_layouts`) carry their own copy of
   # the token embedding [V, D] (used as stored: no embedding multiplier) and their own LM
   # head over the draft vocabulary (`rows`); `layout` names where they came from.
   token_embed: jax.Array | None = None
@@ -338,7 +338,7 @@ def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | 
   if isinstance(params, Eagle) and params.layout is not None:
     raise ValueError(f"this head was loaded from the {params.layout} layout and keeps its own "
                      f"LM head and embedding, which jspec's format does not hold: write it "
-                     f"back with jspec.io.drafters.export_drafter")
+                     f"back with jspec.io.drafter_layouts.export_drafter")
   if isinstance(params, Eagle):
     config = params.config if config is None else config
     ids = None if params.ids is None else np.asarray(params.ids).tolist()

@@ -50,7 +50,7 @@ class EagleConfig:
   # through a [n * D, D] projection, into the feature of each true pair; the head's own
   # outputs go through a norm before the LM head. Empty: EAGLE-1 (the final hidden state).
   feature_layers: tuple[int, ...] = ()
-  # Options of the published layouts (`jspec.io.drafters`); the defaults are jspec's
+  # Options of the published layouts (`jspec.io.drafter_layouts`); the defaults are jspec's
   # own heads.
   input_form: str = "fc"  # INPUT_FORMS
   fc_bias: bool = True  # "fc": the fc's bias

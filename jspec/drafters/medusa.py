@@ -148,7 +148,7 @@ class Medusa:
   tied: bool = _static(True)
   softcap: float | None = _static(None)
   # Published Medusa heads (medusa-llm) carry an output layer per head, trained with the
-  # blocks (`jspec.io.drafters`): [K, V, D], used in place of the target's LM head.
+  # blocks (`jspec.io.drafter_layouts`): [K, V, D], used in place of the target's LM head.
   head_out: jax.Array | None = None
   blocks: int = _static(1)  # residual blocks per head (shared weights, `head_hidden`)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from jspec.drafters.eagle import Eagle, EagleConfig, check_params
 from jspec.models.hf import CheckpointError
-from jspec.io.drafters import tensors as T
+from jspec.io import layout_tensors as T
 
 LAYOUT = "eagle1"
 ROPE_BASE = 10000.0  # eagle-llm's LlamaRotaryEmbedding default; the config's theta is unused
@@ -35,6 +35,9 @@ def recognised(tensors: T.Tensors) -> bool:
 
 
 def load(path: str, cfg: dict, tensors: T.Tensors, target, dtype=None) -> Eagle:
+  """An EAGLE-1 `Eagle` for `target` from directory `path` (cfg its parsed config.json,
+  tensors its weights): layer 0 without an input norm, the fc's two input blocks swapped
+  into jspec's [h; e] order, the target's LM head; params cast to `dtype` (None keeps)."""
   import jax.numpy as jnp
 
   where = os.path.join(path, "config.json")

@@ -36,6 +36,7 @@ class Tensors:
 
   @property
   def names(self) -> frozenset:
+    """The tensor names held."""
     return frozenset(self.shapes)
 
   def get(self, name: str, shape: tuple[int, ...] | None = None, what: str = "") -> np.ndarray:
@@ -47,10 +48,12 @@ class Tensors:
     return np.asarray(self._read(name))
 
   def check(self, name: str, shape: tuple[int, ...], what: str = "") -> None:
+    """Raise naming the file, the tensor and both shapes unless `name` has `shape`
+    (`what`: where the wanted shape comes from)."""
     got = tuple(self.shapes[name])
     if got != tuple(shape):
-      raise CheckpointError(f"{self.where(name)}: tensor {name} has shape {got}, but {what or 'the config'} "
-                            f"gives {tuple(shape)}")
+      raise CheckpointError(f"{self.where(name)}: tensor {name} has shape {got}, but "
+                            f"{what or 'the config'} gives {tuple(shape)}")
 
 
 def _safetensors(files: Iterable[str], origin: str) -> Tensors:

@@ -18,13 +18,16 @@ import numpy as np
 
 from jspec.drafters.medusa import Medusa
 from jspec.models.hf import CheckpointError
-from jspec.io.drafters import tensors as T
+from jspec.io import layout_tensors as T
 
 LAYOUT = "medusa"
 STEM = "medusa_lm_head"
 
 
 def load(path: str, cfg: dict, target, dtype=None) -> Medusa:
+  """A `Medusa` for `target` from directory `path` (cfg its parsed config.json): each head's
+  block and its own output layer, blocks applied `medusa_num_layers` times; params cast to
+  `dtype` (None keeps)."""
   import jax.numpy as jnp
 
   where = os.path.join(path, "config.json")

@@ -22,8 +22,10 @@ import numpy as np
 
 from jspec.core.model import Model
 from jspec.models.hf import CheckpointError
-from jspec.io.drafters import eagle1, eagle3, medusa
-from jspec.io.drafters import tensors as T
+from jspec.io import layout_eagle1 as eagle1
+from jspec.io import layout_eagle3 as eagle3
+from jspec.io import layout_medusa as medusa
+from jspec.io import layout_tensors as T
 
 LAYOUTS = {
     eagle3.SPECFORGE: "EAGLE-3, SafeAILab/SpecForge (config architectures "

@@ -29,7 +29,7 @@ import numpy as np
 from jspec.drafters import vocab_subset
 from jspec.drafters.eagle import Eagle, EagleConfig, check_params
 from jspec.models.hf import CheckpointError, rope_settings
-from jspec.io.drafters import tensors as T
+from jspec.io import layout_tensors as T
 
 SPECFORGE = "specforge"
 SPECULATORS = "speculators"
@@ -158,7 +158,10 @@ def _draft_ids(tensors: T.Tensors, N: int, V: int) -> np.ndarray:
 
 
 def load(path: str, cfg: dict, layout: str, target, dtype=None) -> Eagle:
-  """An `Eagle` for `target` from an EAGLE-3 directory of `layout` (SPECFORGE or SPECULATORS)."""
+  """An `Eagle` for `target` from an EAGLE-3 directory of `layout` (SPECFORGE or SPECULATORS),
+  cfg its parsed config.json: the published layer (`input_form` "concat"), the draft
+  vocabulary's own LM head rows (`Eagle.rows`, ids from d2t) and the head's copy of the
+  embedding when the file holds one; floating-point params cast to `dtype` (None keeps)."""
   import jax.numpy as jnp
 
   where = os.path.join(path, "config.json")
