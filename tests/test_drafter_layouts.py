@@ -135,6 +135,12 @@ def test_layouts_are_recognised_and_load_into_jspec_drafters(target, tmp_path):
   assert e1.feature_layers == () and not e1.config.attn_norm and e1.config.fc_bias
   assert isinstance(md, jspec.Medusa) and md.num_heads == 3 and md.blocks == 2
   assert md.head_out.shape == (3, V, D)
+  half = jspec.load_drafter(tmp_path / "sf", target, dtype="bfloat16")
+  assert {half.params["layer"]["wq"].dtype, half.rows.dtype, half.token_embed.dtype} == {
+      jnp.dtype(jnp.bfloat16)}
+  # jspec's own head folders load through the same call
+  jspec.drafters.medusa.save_medusa(md.heads, tmp_path / "own", vocab_size=V)
+  assert isinstance(jspec.load_drafter(tmp_path / "own", target), jspec.Medusa)
 
 
 def test_default_aux_layers_follow_each_reference(tmp_path):
@@ -156,15 +162,21 @@ def test_greedy_equality_with_loaded_heads(target, tmp_path):
   sp = jspec.load_drafter(speculators_dir(tmp_path / "sp"), target)
   e1 = jspec.load_drafter(eagle1_dir(tmp_path / "e1"), target)
   md = jspec.load_drafter(medusa_dir(tmp_path / "md"), target)
+  dynamic = jspec.DynamicTree(6, 3, 2)
   runs = [(sf, dict(num_draft_tokens=3)), (sf, dict(tree=tree)),
-          (sp, dict(num_draft_tokens=3)),
-          (e1, dict(num_draft_tokens=3)), (e1, dict(tree=jspec.DynamicTree(6, 3, 2))),
-          (md, dict(num_draft_tokens=3))]
+          (sp, dict(num_draft_tokens=3)), (sp, dict(tree=dynamic)),
+          (e1, dict(num_draft_tokens=3)), (e1, dict(tree=dynamic)),
+          (md, dict(num_draft_tokens=3)), (md, dict(tree=tree))]
   for drafter, shape in runs:
     out = jspec.speculative_generate(target, drafter, prompts, max_new_tokens=16, eos_id=(),
                                      **shape)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref,
                                   err_msg=f"{drafter.__class__.__name__} {shape}")
+  # sampled: q over the draft vocabulary, spread to V (exactness of reduced-vocabulary
+  # drafting is tested by enumeration in tests/test_reduced_vocab.py)
+  sampled = jspec.speculative_generate(target, sf, prompts, num_draft_tokens=3,
+                                       max_new_tokens=16, eos_id=(), temperature=1.0, seed=3)
+  assert np.all(np.asarray(sampled.lengths) == 16)
 
 
 def test_export_round_trips(target, tmp_path):

@@ -333,6 +333,8 @@ def test_medusa(torch, verifier, tmp_path, layers):
 
   check("load", heads)
   out = PD.export_drafter(medusa, tmp_path / "out", "medusa", verifier=vpath)
+  config = MedusaConfig.from_pretrained(out)
+  assert (config.medusa_num_heads, config.medusa_num_layers) == (3, layers)
   back = _medusa_heads(torch, 3, layers)
   back.load_state_dict(torch.load(os.path.join(out, "medusa_lm_head.pt")), strict=True)
   check("export", back)

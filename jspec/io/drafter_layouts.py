@@ -80,10 +80,11 @@ def detect_layout(path) -> str | None:
 
 
 def is_published(path) -> bool:
-  """Whether `path` is a directory in one of the recognised layouts."""
+  """Whether `path` is a directory in one of the recognised layouts. A damaged config.json
+  or weights header raises (ValueError naming the file) rather than reading as "no"."""
   try:
     return detect_layout(path) is not None
-  except (FileNotFoundError, ValueError):
+  except FileNotFoundError:
     return False
 
 
@@ -94,9 +95,17 @@ def load_drafter(path, target: Model, dtype=None):
   dtype: cast floating-point params to it (e.g. "float32"); None keeps the stored dtype.
   Raises a clear error naming the file, before any tracing, when the drafter does not fit
   the target or a tensor is missing, misshapen or truncated, and for an unknown layout.
+  jspec's own head folders (`save_eagle`, `save_medusa`) load too.
   """
+  from jspec.drafters import eagle, medusa as jspec_medusa
+
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+  local = os.path.expanduser(os.fspath(path))
+  if os.path.isfile(os.path.join(local, eagle.CONFIG_FILE)):
+    return eagle.load_eagle(local, target, dtype=dtype)
+  if os.path.isfile(os.path.join(local, jspec_medusa.CONFIG_FILE)):
+    return jspec_medusa.load_medusa(local, target, dtype=dtype)
   path, cfg = read_config(path)
   layout = detect_layout(path)
   if layout is None:

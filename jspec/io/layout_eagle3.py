@@ -324,14 +324,14 @@ def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: s
   if layout == SPECFORGE:
     config = {"architectures": ["LlamaForCausalLMEagle3"],
               **layer_config(eagle, N, "llama", max_positions), "draft_vocab_size": N,
-              "pretraining_tp": 1,
+              "pretraining_tp": 1, "dtype": np.dtype(dtype).name,
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers)}}
   else:
     kind = "qwen3" if c.qk_norm else "llama"
     layer = layer_config(eagle, N, kind, max_positions)
     layer["architectures"] = ["Qwen3ForCausalLM" if c.qk_norm else "LlamaForCausalLM"]
     config = {
-        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
         "speculators_version": "0.9.0", "transformer_layer_config": layer,
         "draft_vocab_size": N, "norm_before_residual": c.norm_before_residual,
         "target_hidden_size": None,
@@ -344,6 +344,6 @@ def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: s
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
             "verifier": {"name_or_path": verifier,
                          "architectures": [layer["architectures"][0]]}},
-        "torch_dtype": np.dtype(dtype).name}
+        "dtype": np.dtype(dtype).name}
   T.write_config(out, config)
   return out
