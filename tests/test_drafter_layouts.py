@@ -152,29 +152,43 @@ def test_default_aux_layers_follow_each_reference(tmp_path):
   assert sf.feature_layers == sp.feature_layers == (1, 3, 4)
 
 
-def test_greedy_equality_with_loaded_heads(target, tmp_path):
-  """Every layout's head decodes to the target's own greedy output: chains, a static tree
-  (EAGLE-3), a dynamic tree (EAGLE-2 over the EAGLE-1 head), Medusa chains."""
+def _greedy_runs(target, tmp_path, runs):
   prompts = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]]
   ref = np.asarray(jspec.generate(target, prompts, max_new_tokens=16, eos_id=()).tokens)
-  tree = jspec.Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 1, 0, 0))
-  sf = jspec.load_drafter(specforge_dir(tmp_path / "sf"), target)
-  sp = jspec.load_drafter(speculators_dir(tmp_path / "sp"), target)
-  e1 = jspec.load_drafter(eagle1_dir(tmp_path / "e1"), target)
-  md = jspec.load_drafter(medusa_dir(tmp_path / "md"), target)
-  dynamic = jspec.DynamicTree(6, 3, 2)
-  runs = [(sf, dict(num_draft_tokens=3)), (sf, dict(tree=tree)),
-          (sp, dict(num_draft_tokens=3)), (sp, dict(tree=dynamic)),
-          (e1, dict(num_draft_tokens=3)), (e1, dict(tree=dynamic)),
-          (md, dict(num_draft_tokens=3)), (md, dict(tree=tree))]
-  for drafter, shape in runs:
-    out = jspec.speculative_generate(target, drafter, prompts, max_new_tokens=16, eos_id=(),
+  heads = {"sf": jspec.load_drafter(specforge_dir(tmp_path / "sf"), target),
+           "sp": jspec.load_drafter(speculators_dir(tmp_path / "sp"), target),
+           "e1": jspec.load_drafter(eagle1_dir(tmp_path / "e1"), target),
+           "md": jspec.load_drafter(medusa_dir(tmp_path / "md"), target)}
+  for name, shape in runs:
+    out = jspec.speculative_generate(target, heads[name], prompts, max_new_tokens=16, eos_id=(),
                                      **shape)
-    np.testing.assert_array_equal(np.asarray(out.tokens), ref,
-                                  err_msg=f"{drafter.__class__.__name__} {shape}")
-  # sampled: q over the draft vocabulary, spread to V (exactness of reduced-vocabulary
-  # drafting is tested by enumeration in tests/test_reduced_vocab.py)
-  sampled = jspec.speculative_generate(target, sf, prompts, num_draft_tokens=3,
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref, err_msg=f"{name} {shape}")
+  return heads, prompts
+
+
+TREE = jspec.Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 1, 0, 0))
+
+
+def test_greedy_equality_with_loaded_heads(target, tmp_path):
+  """Every layout's head decodes to the target's own greedy output: chains of each kind and
+  a static tree of the SpecForge EAGLE-3 head."""
+  _greedy_runs(target, tmp_path, [("sf", dict(num_draft_tokens=3)), ("sf", dict(tree=TREE)),
+                                  ("sp", dict(num_draft_tokens=3)),
+                                  ("e1", dict(num_draft_tokens=3)),
+                                  ("md", dict(num_draft_tokens=3))])
+
+
+@pytest.mark.slow  # four more programs
+def test_trees_and_sampling_with_loaded_heads(target, tmp_path):
+  """Dynamic trees (EAGLE-2) over the speculators EAGLE-3 and the EAGLE-1 heads, a static
+  tree of Medusa heads: greedy equality; a sampled run with the reduced-vocabulary head
+  (q over the draft vocabulary spread to V; exactness of reduced-vocabulary drafting is
+  tested by enumeration in tests/test_reduced_vocab.py) completes."""
+  dynamic = jspec.DynamicTree(6, 3, 2)
+  heads, prompts = _greedy_runs(target, tmp_path, [("sp", dict(tree=dynamic)),
+                                                   ("e1", dict(tree=dynamic)),
+                                                   ("md", dict(tree=TREE))])
+  sampled = jspec.speculative_generate(target, heads["sf"], prompts, num_draft_tokens=3,
                                        max_new_tokens=16, eos_id=(), temperature=1.0, seed=3)
   assert np.all(np.asarray(sampled.lengths) == 16)
 
