@@ -132,6 +132,8 @@ def test_layouts_are_recognised_and_load_into_jspec_drafters(target, tmp_path):
   # speculators' ids index hidden_states (input of layer i): jspec's layers are one lower
   assert sp.feature_layers == (0, 1, 1) and sp.config.qk_norm and sp.config.norm_before_residual
   assert np.asarray(sf.ids).tolist() == DRAFT_IDS and sf.rows.shape == (len(DRAFT_IDS), D)
+  with pytest.raises(ValueError, match="drafts over its own vocabulary"):
+    sf.reduced([0, 1])  # its LM head is its own, not the target's rows
   assert e1.feature_layers == () and not e1.config.attn_norm and e1.config.fc_bias
   assert isinstance(md, jspec.Medusa) and md.num_heads == 3 and md.blocks == 2
   assert md.head_out.shape == (3, V, D)
@@ -366,3 +368,37 @@ def test_export_drafter_command_and_generate_with_its_output(tmp_path, capsys):
                  tmp_path / "own")
     cli.main(["export-drafter", str(tmp_path / "own"), str(tmp_path / "x"), "--format",
               "specforge"])
+
+
+@pytest.mark.slow  # training
+def test_a_trained_head_of_the_published_form_exports():
+  """jspec's trainer takes a head of the published EAGLE-3 layer form (input_form 'concat')
+  as it is: held-out cross-entropy falls, and the trained head exports to both EAGLE-3
+  layouts and loads back drafting the same scores."""
+  import tempfile
+
+  from jspec.training import train_eagle as TE
+
+  target = numpy_drawn_target(V, output_scale=0.02)
+  prompts = _rng(3).integers(0, V, size=(48, 4)).astype(np.int32)
+  text = np.asarray(jspec.generate(target, prompts.tolist(), max_new_tokens=28,
+                                   eos_id=()).tokens)
+  windows = np.concatenate([prompts, text], axis=1)
+  head = jspec.EagleConfig.for_target(target.config, feature_layers=(0, 1, 1),
+                                      input_form="concat")
+  cfg = TE.EagleTrainConfig(steps=40, batch_size=8, seq_len=32, learning_rate=2e-2,
+                            warmup_steps=5, checkpoint_every=1000, feature_noise=0.0,
+                            ttt_steps=3)
+  order = _rng(4)
+  result = TE.train_eagle(target, cfg, lambda step: windows[order.permutation(40)[:8]],
+                          config=head, progress=False)
+  initial = jspec.Eagle.from_target(target, jspec.drafters.eagle.init_params(
+      head, jax.random.key(0)), head)
+  before, after = (TE.evaluate(e, target, windows[40:]) for e in (initial, result.eagle))
+  assert after["ce"] < before["ce"] - 1.0, (before, after)
+  trained = result.eagle.reduced(DRAFT_IDS)
+  f = jnp.asarray(_rng(5).standard_normal((1, 4, D)), jnp.float32)
+  with tempfile.TemporaryDirectory() as tmp:
+    for fmt in ("speculators", "specforge"):
+      back = jspec.load_drafter(PD.export_drafter(trained, os.path.join(tmp, fmt), fmt), target)
+      np.testing.assert_allclose(back.draft_scores(f), trained.draft_scores(f), rtol=1e-6)

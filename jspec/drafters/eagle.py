@@ -118,6 +118,9 @@ class Eagle:
   def reduced(self, ids) -> "Eagle":
     """This head drafting over the token ids `ids` only (FR-Spec,
     `jspec.drafters.vocab_subset`): the LM head's rows for them, q zero elsewhere."""
+    if self.layout is not None and self.ids is not None:
+      raise ValueError(f"this head ({self.layout} layout) drafts over its own vocabulary with "
+                       f"its own LM head rows; it cannot be reduced to the target's rows")
     ids = vocab_subset.check_ids(ids, self.vocab_size)
     return dataclasses.replace(self, ids=ids,
                                rows=vocab_subset.head_rows(self.embed, self.lm_head, ids))
