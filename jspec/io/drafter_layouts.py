@@ -29,7 +29,8 @@ from jspec.io import layout_tensors as T
 
 LAYOUTS = {
     eagle3.SPECFORGE: "EAGLE-3, SafeAILab/SpecForge (config architectures "
-                      "[\"LlamaForCausalLMEagle3\"], tensors midlayer.*, fc, norm, lm_head, d2t, t2d)",
+                      "[\"LlamaForCausalLMEagle3\"], tensors midlayer.*, fc, norm, lm_head, "
+                      "d2t, t2d)",
     eagle3.SPECULATORS: "EAGLE-3, vLLM speculators (config speculators_model_type \"eagle3\")",
     eagle1.LAYOUT: "EAGLE-1/2, SafeAILab (tensors fc [D, 2D] and layers.0.*)",
     medusa.LAYOUT: "Medusa, medusa-llm (config medusa_num_heads, medusa_lm_head.pt or "

@@ -127,10 +127,9 @@ def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_resid
   return config
 
 
-def _names(layout: str) -> dict:
-  """jspec param path -> tensor name prefix of the layer, per layout."""
-  layer = "midlayer." if layout == SPECFORGE else "layers.0."
-  return {"layer": layer}
+def _prefix(layout: str) -> str:
+  """The tensor name prefix of the head's decoder layer in `layout`."""
+  return "midlayer." if layout == SPECFORGE else "layers.0."
 
 
 def _draft_ids(tensors: T.Tensors, N: int, V: int) -> np.ndarray:
@@ -173,7 +172,7 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> Eagle:
                       c.intermediate_size)
   V = c.vocab_size
   N = int(merged.get("draft_vocab_size") or V)
-  p = _names(layout)["layer"]
+  p = _prefix(layout)
   n = len(c.feature_layers)
   what = f"{where} (hidden {D}, heads {H}/{Hkv}x{Dh}, mlp {F}, {n} aux layers)"
 
@@ -243,7 +242,7 @@ def tensors_of(eagle: Eagle, layout: str, dtype) -> dict[str, np.ndarray]:
   c = eagle.config
   D, H, Hkv, Dh = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
   w = eagle.params["layer"]
-  p = _names(layout)["layer"]
+  p = _prefix(layout)
   f = lambda x: np.asarray(x, np.float32).astype(dtype)  # noqa: E731
   out = {
       p + "input_layernorm.weight": f(w["input_norm"]["scale"]),
@@ -297,7 +296,7 @@ def _rope_fields(c: EagleConfig) -> dict:
   return {"rope_theta": c.rope_theta, "rope_scaling": spec}
 
 
-def layer_config(eagle: Eagle, N: int, model_type: str, max_positions: int) -> dict:
+def layer_config(eagle: Eagle, model_type: str, max_positions: int) -> dict:
   """The decoder layer's config (Hugging Face names) shared by both layouts."""
   c = eagle.config
   return {
@@ -323,12 +322,12 @@ def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: s
   T.write_safetensors(os.path.join(out, "model.safetensors"), tensors)
   if layout == SPECFORGE:
     config = {"architectures": ["LlamaForCausalLMEagle3"],
-              **layer_config(eagle, N, "llama", max_positions), "draft_vocab_size": N,
+              **layer_config(eagle, "llama", max_positions), "draft_vocab_size": N,
               "pretraining_tp": 1, "dtype": np.dtype(dtype).name,
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.feature_layers)}}
   else:
     kind = "qwen3" if c.qk_norm else "llama"
-    layer = layer_config(eagle, N, kind, max_positions)
+    layer = layer_config(eagle, kind, max_positions)
     layer["architectures"] = ["Qwen3ForCausalLM" if c.qk_norm else "LlamaForCausalLM"]
     config = {
         "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",

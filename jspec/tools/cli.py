@@ -309,10 +309,12 @@ def export_drafter(args) -> int:
 
   target, name, _ = _load_target(args)
   drafter = chat_lib.fitting_drafter(args.src, target, name, "export-drafter")
+  # The reference code reads the verifier named in the config (its config.json): name only a
+  # Hugging Face folder, not a GGUF file or a jspec checkpoint.
+  hf = os.path.isfile(os.path.join(name, "config.json"))
   try:
     out = published.export_drafter(drafter, args.out, args.format, dtype=args.dtype,
-                                   verifier=os.path.abspath(name) if os.path.exists(name)
-                                   else name)
+                                   verifier=os.path.abspath(name) if hf else None)
   except (ValueError, FileExistsError) as e:
     raise SystemExit(f"export-drafter {args.src}: {e}") from None
   print(f"wrote {out}: {type(drafter).__name__} in the {args.format} layout")
