@@ -145,6 +145,26 @@ def test_layouts_are_recognised_and_load_into_jspec_drafters(target, tmp_path):
   assert isinstance(jspec.load_drafter(tmp_path / "own", target), jspec.Medusa)
 
 
+def test_layout_options_survive_jspec_save_and_load(target, tmp_path):
+  """A head of the published form with every option saved in jspec's own format loads back
+  with the same config (the options' defaults stay out of the file)."""
+  from jspec.core import nn
+
+  config = jspec.EagleConfig.for_target(
+      target.config, feature_layers=(0, 1, 1), input_form="concat", qk_norm=True,
+      norm_before_residual=True, rope_scaling=nn.Llama3Scaling(8.0, 1.0, 4.0, 64))
+  assert jspec.EagleConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+  plain = jspec.EagleConfig.for_target(target.config)
+  assert set(plain.to_dict()) == {"hidden_size", "vocab_size", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "intermediate_size",
+                                  "rms_norm_eps", "rope_theta", "initializer_range",
+                                  "feature_layers"}
+  head = jspec.Eagle.from_target(target, jspec.drafters.eagle.init_params(
+      config, jax.random.key(0)), config)
+  jspec.drafters.eagle.save_eagle(head, tmp_path / "head")
+  assert jspec.load_drafter(tmp_path / "head", target).config == config
+
+
 def test_default_aux_layers_follow_each_reference(tmp_path):
   """No ids in the config: SpecForge's default [1, L//2 - 1, L - 4] (layer outputs) and
   speculators' [2, L//2, L - 3] (hidden_states entries) name the same layers."""

@@ -29,6 +29,12 @@ catch-up replaces those with the target's own.
 Tree rounds (`propose_tree`, `propose_dynamic`) run the same catch-up, then draft
 level by level (`jspec.drafters.eagle_tree`).
 
+Heads published by other projects (`jspec.io.drafter_layouts`) take the pair another way
+(`EagleConfig.input_form`, `jspec.drafters.eagle_head.INPUT_FORMS`: EAGLE-3's layer reads
+[norm(e); norm(f)] with f as its residual, no fc) and may carry their own LM head over a draft
+vocabulary (`rows`, `ids`) and their own copy of the embedding (`token_embed`); the rounds
+above are the same.
+
 On disk (`save_eagle`, `load_eagle`): params/ (orbax) and eagle_config.json with the
 head's config, the reduced vocabulary it drafts over (if any) and free-form meta.
 Loading checks the config, the fit to the target and every tensor's shape before
