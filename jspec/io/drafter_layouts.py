@@ -68,7 +68,7 @@ def detect_layout(path) -> str | None:
   path, cfg = read_config(path)
   if "speculators_model_type" in cfg:
     return eagle3.SPECULATORS if cfg["speculators_model_type"] == "eagle3" else None
-  if any("Eagle3" in str(a) for a in cfg.get("architectures") or ()):
+  if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or ()):  # SafeAILab's and SGLang's name
     return eagle3.SPECFORGE
   if "medusa_num_heads" in cfg:
     return medusa.LAYOUT
