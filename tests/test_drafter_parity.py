@@ -127,12 +127,12 @@ def _eagle_jspec(eagle, target, tokens):
 def _eagle_reference(torch, layer_fn, head_fn, to_target, fuse, feats, tokens):
   """The same through the reference's modules: `layer_fn(ids, hidden, mask, positions)`
   runs its decoder layer over a whole sequence (no cache), `head_fn` gives draft logits,
-  `to_target` maps draft ids to target ids. Drafting reruns the layer on the growing
-  sequence: true pairs, then (predicted feature, drafted token) pairs."""
+  `to_target` maps draft ids to target ids. The sequence is what the reference engines feed:
+  the pairs (h_j, e(t_{j+1})), no pair for t_0; drafting reruns the layer on the growing
+  sequence, true pairs then (predicted feature, drafted token) pairs."""
   with torch.no_grad():
-    f = fuse(torch.from_numpy(feats))
-    hidden = torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)
-    ids = torch.from_numpy(tokens)
+    hidden = fuse(torch.from_numpy(feats))[:, :-1]
+    ids = torch.from_numpy(tokens)[:, 1:]
 
     def run(hidden, ids):
       n = ids.shape[1]
@@ -154,6 +154,7 @@ def _check_eagle(torch, key, eagle, target, tokens, layer_fn, head_fn, to_target
   logits, drafts, feats = _eagle_jspec(eagle, target, tokens)
   ref_logits, ref_drafts = _eagle_reference(torch, layer_fn, head_fn, to_target, fuse, feats,
                                             tokens)
+  logits = logits[1:]  # slot 0 holds the zero pair, which the published heads never see
   _compare(key, logits, ref_logits, logits.argmax(-1), ref_logits.argmax(-1))
   np.testing.assert_array_equal(drafts, ref_drafts, err_msg=f"{key}: drafted ids")
 

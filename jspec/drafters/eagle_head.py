@@ -58,6 +58,10 @@ class EagleConfig:
   norm_before_residual: bool = False  # "concat": the residual stream starts at norm(f)
   qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3 layers)
   rope_scaling: Any = None  # jspec.core.nn.Llama3Scaling / LinearScaling, or None
+  # The pair at slot 0, (0, e(t_0)), has no target feature. jspec's heads are trained with it;
+  # the published ones never see it (their engines start at (h_0, e(t_1))): False hides it from
+  # every later pair.
+  zero_pair: bool = True
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
@@ -126,7 +130,7 @@ class EagleConfig:
 
 
 LAYOUT_FIELDS = frozenset(("input_form", "fc_bias", "attn_norm", "norm_before_residual",
-                           "qk_norm", "rope_scaling"))
+                           "qk_norm", "rope_scaling", "zero_pair"))
 # Fields `for_target` does not copy from the target's config.
 OPTIONAL_FIELDS = LAYOUT_FIELDS | {"feature_layers"}
 
@@ -243,6 +247,16 @@ def _write(buffer, new, slots, axis: int):
   return jax.vmap(one)(buffer, new, slots)
 
 
+def _without_zero_pair(visible, key_slots, slots):
+  """visible [B, T, S'] less the pair at slot 0 (key_slots [B or 1, S'] hold each key's slot)
+  for every pair but itself: heads trained without the zero-feature pair (published ones)
+  never attend to it. A pair that would see nothing else keeps it, so softmax stays finite."""
+  zero = (key_slots == 0)[:, None, :]  # [B or 1, 1, S']
+  rest = visible & ~zero
+  keep = (slots == 0)[:, :, None] | ~jnp.any(rest, axis=-1, keepdims=True)  # [B, T, 1]
+  return rest | (zero & keep)
+
+
 def forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
   """The head's layer over T pairs per row: (predicted features [B, T, D], cache).
 
@@ -276,13 +290,18 @@ def forward(config: EagleConfig, params, features, embeddings, cache, slots, pos
     k = layers.rope(k, positions, c.rope_theta, c.rope_scaling)
     k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
     v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+    key_slots = slots
     if cache is not None:
       k = _write(cache["k"], k, slots, axis=3)
       v = _write(cache["v"], v, slots, axis=2)
       cache = {"k": k, "v": v}
-      # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
-      # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
-      visible = visible | (jnp.arange(visible.shape[2]) == 0)[None, None, :]
+      key_slots = jnp.arange(visible.shape[2], dtype=jnp.int32)[None, :]
+      if c.zero_pair:
+        # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
+        # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
+        visible = visible | (key_slots == 0)[:, None, :]
+    if not c.zero_pair:
+      visible = _without_zero_pair(visible, key_slots, slots)
     out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
     x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
   with jax.named_scope("eagle_mlp"):

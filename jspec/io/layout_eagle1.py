@@ -55,7 +55,7 @@ def load(path: str, cfg: dict, tensors: T.Tensors, target, dtype=None) -> Eagle:
         num_key_value_heads=int(cfg.get("num_key_value_heads") or H), head_dim=D // H,
         intermediate_size=int(cfg["intermediate_size"]),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=ROPE_BASE,
-        fc_bias="fc.bias" in tensors.names, attn_norm=False)
+        fc_bias="fc.bias" in tensors.names, attn_norm=False, zero_pair=False)
   except KeyError as e:
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:

@@ -112,7 +112,7 @@ def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_resid
         intermediate_size=int(cfg["intermediate_size"]),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
         feature_layers=layers, input_form="concat", qk_norm=qk_norm,
-        norm_before_residual=norm_before_residual, rope_scaling=scaling)
+        norm_before_residual=norm_before_residual, rope_scaling=scaling, zero_pair=False)
   except KeyError as e:
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
