@@ -4,6 +4,7 @@ Medusa) load into jspec's drafters, decode greedily to the target's own output (
 tree, a dynamic tree), export and load back to the same params; bad input is a clear error
 before tracing. Parity with the reference packages is tests/test_drafter_parity.py."""
 
+import dataclasses
 import json
 import os
 
@@ -163,6 +164,27 @@ def test_layout_options_survive_jspec_save_and_load(target, tmp_path):
       config, jax.random.key(0)), config)
   jspec.drafters.eagle.save_eagle(head, tmp_path / "head")
   assert jspec.load_drafter(tmp_path / "head", target).config == config
+
+
+def test_published_heads_never_see_the_zero_pair(target, tmp_path):
+  """Loaded heads (zero_pair False) ignore the pair at slot 0: changing its token changes
+  nothing at later slots, through a cache as in drafting; jspec's own heads do see it."""
+  head = jspec.load_drafter(specforge_dir(tmp_path / "sf"), target)
+  assert not head.config.zero_pair
+  f = jnp.asarray(_rng(7).standard_normal((1, 6, D)), jnp.float32)
+  slots = jnp.arange(6, dtype=jnp.int32)[None]
+  visible = slots[:, :, None] >= jnp.arange(8)[None, None, :]
+
+  def outputs(eagle, first):
+    tokens = jnp.asarray([[first, 5, 6, 7, 8, 9]], jnp.int32)
+    return np.asarray(eagle.forward(eagle.params, f, tokens, eagle.init_cache(1, 8), slots,
+                                    slots, visible)[0])
+
+  a, b = outputs(head, 1), outputs(head, 2)
+  np.testing.assert_array_equal(a[:, 1:], b[:, 1:])
+  assert not np.allclose(a[:, 0], b[:, 0])
+  own = dataclasses.replace(head, config=dataclasses.replace(head.config, zero_pair=True))
+  assert not np.allclose(outputs(own, 1)[:, 1:], outputs(own, 2)[:, 1:])
 
 
 def test_default_aux_layers_follow_each_reference(tmp_path):
