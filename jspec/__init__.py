@@ -51,6 +51,7 @@ _EXPORTS = {
     "generate": "jspec.planner.api",
     "generate_text": "jspec.io.text",
     "load": "jspec.io.checkpoint",
+    "load_drafter": "jspec.io.drafter_layouts",
     "save": "jspec.io.checkpoint",
     "speculative_generate": "jspec.planner.api",
 }

@@ -61,6 +61,13 @@ def _rotary(cfg: dict) -> tuple[float, Rotary]:
   raise CheckpointError(f"unsupported rope type {kind!r}; supported: default, llama3, linear")
 
 
+def rope_settings(cfg: dict):
+  """(rope theta, frequency scaling or None) of a Hugging Face-style config dict (v4
+  `rope_theta` / `rope_scaling` or v5 `rope_parameters`); unsupported kinds raise."""
+  theta, rotary = _rotary(cfg)
+  return theta, rotary.scaling
+
+
 def _llama_like(cfg: dict, tie_default: bool) -> dict:
   theta, rotary = _rotary(cfg)
   return dict(

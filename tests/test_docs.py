@@ -71,6 +71,11 @@ MODULES = (
     "jspec.training.train",
     "jspec.training.trainer",
     "jspec.models.transformer",
+    "jspec.io.drafter_layouts",
+    "jspec.io.layout_eagle3",
+    "jspec.io.layout_eagle1",
+    "jspec.io.layout_medusa",
+    "jspec.io.layout_tensors",
 )
 
 # The topic pages docs/README.md must list (and README.md must link to).

@@ -29,6 +29,12 @@ catch-up replaces those with the target's own.
 Tree rounds (`propose_tree`, `propose_dynamic`) run the same catch-up, then draft
 level by level (`jspec.drafters.eagle_tree`).
 
+Heads published by other projects (`jspec.io.drafter_layouts`) take the pair another way
+(`EagleConfig.input_form`, `jspec.drafters.eagle_head.INPUT_FORMS`: EAGLE-3's layer reads
+[norm(e); norm(f)] with f as its residual, no fc) and may carry their own LM head over a draft
+vocabulary (`rows`, `ids`) and their own copy of the embedding (`token_embed`); the rounds
+above are the same.
+
 On disk (`save_eagle`, `load_eagle`): params/ (orbax) and eagle_config.json with the
 head's config, the reduced vocabulary it drafts over (if any) and free-form meta.
 Loading checks the config, the fit to the target and every tensor's shape before
@@ -57,7 +63,7 @@ from jspec.drafters import params_io
 # The head's configuration, params and layers; its names are this module's too
 # (`eagle.EagleConfig`, `eagle.init_params`, ...), the drafter's public face.
 from jspec.drafters.eagle_head import (  # noqa: F401
-    EagleConfig, causal_visibility, check_params, forward, init_params, param_shapes,
+    EagleConfig, causal_visibility, check_params, forward, head_dtype, init_params, param_shapes,
     target_head)
 
 FORMAT = "jspec-eagle"
@@ -87,6 +93,11 @@ class Eagle:
       default=None, metadata=dict(static=True))
   ids: jax.Array | None = None  # [N] int32: the token ids drafted (None: all V; `reduced`)
   rows: jax.Array | None = None  # [N, D] the LM-head rows of `ids`
+  # Heads loaded from a published layout (`jspec.io.drafter_layouts`) carry their own copy of
+  # the token embedding [V, D] (used as stored: no embedding multiplier) and their own LM
+  # head over the draft vocabulary (`rows`); `layout` names where they came from.
+  token_embed: jax.Array | None = None
+  layout: str | None = dataclasses.field(default=None, metadata=dict(static=True))
 
   @classmethod
   def from_target(cls, target: Model, head_params, config: EagleConfig | None = None) -> "Eagle":
@@ -113,6 +124,9 @@ class Eagle:
   def reduced(self, ids) -> "Eagle":
     """This head drafting over the token ids `ids` only (FR-Spec,
     `jspec.drafters.vocab_subset`): the LM head's rows for them, q zero elsewhere."""
+    if self.layout is not None and self.ids is not None:
+      raise ValueError(f"this head ({self.layout} layout) drafts over its own vocabulary with "
+                       f"its own LM head rows; it cannot be reduced to the target's rows")
     ids = vocab_subset.check_ids(ids, self.vocab_size)
     return dataclasses.replace(self, ids=ids,
                                rows=vocab_subset.head_rows(self.embed, self.lm_head, ids))
@@ -157,7 +171,9 @@ class Eagle:
   # ------------------------------------------------------------------ pieces
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
-    """e(t) as the target computes it: tokens [B, T] -> [B, T, D]."""
+    """e(t) as the target computes it (or the head's own copy): tokens [B, T] -> [B, T, D]."""
+    if self.token_embed is not None:
+      return jnp.take(self.token_embed, tokens, axis=0)
     x = jnp.take(self.embed, tokens, axis=0)
     if self.embedding_multiplier != 1.0:
       x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
@@ -180,7 +196,7 @@ class Eagle:
     """Zeroed K/V of the head's one layer for `batch` rows of `length` slots (dtype: the
     head's)."""
     c = self.config
-    dtype = self.params["fc"]["kernel"].dtype if dtype is None else dtype
+    dtype = head_dtype(self.params) if dtype is None else dtype
     return {"k": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype),
             "v": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype)}
 
@@ -328,6 +344,10 @@ def save_eagle(params, path, meta: dict | None = None, *, config: EagleConfig | 
   The config file is written last (`jspec.drafters.params_io`): a directory without it never loads.
   """
   ids = None
+  if isinstance(params, Eagle) and params.layout is not None:
+    raise ValueError(f"this head was loaded from the {params.layout} layout and keeps its own "
+                     f"LM head and embedding, which jspec's format does not hold: write it "
+                     f"back with jspec.io.drafter_layouts.export_drafter")
   if isinstance(params, Eagle):
     config = params.config if config is None else config
     ids = None if params.ids is None else np.asarray(params.ids).tolist()

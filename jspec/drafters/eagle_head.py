@@ -21,6 +21,14 @@ import numpy as np
 from jspec.core.model import Model
 from jspec.core import nn as layers
 
+# How the head's layer takes its pair (feature f, token embedding e), `EagleConfig.input_form`:
+#   "fc"      x = fc([f; e]) (+ bias), then a pre-norm decoder layer: jspec's own heads and
+#             EAGLE-1/2 (Li et al. 2024), whose published layer 0 has no input norm (attn_norm off)
+#   "concat"  EAGLE-3's first layer as published (Li et al. 2025; SpecForge, vLLM speculators):
+#             attention reads [norm(e); norm(f)] (2D wide), the residual is f (or norm(f) with
+#             norm_before_residual); no fc
+INPUT_FORMS = ("fc", "concat")
+
 
 # ----------------------------------------------------------------------------- config and params
 
@@ -42,9 +50,27 @@ class EagleConfig:
   # through a [n * D, D] projection, into the feature of each true pair; the head's own
   # outputs go through a norm before the LM head. Empty: EAGLE-1 (the final hidden state).
   feature_layers: tuple[int, ...] = ()
+  # Options of the published layouts (`jspec.io.drafter_layouts`); the defaults are jspec's
+  # own heads.
+  input_form: str = "fc"  # INPUT_FORMS
+  fc_bias: bool = True  # "fc": the fc's bias
+  attn_norm: bool = True  # "fc": an RMSNorm before attention (EAGLE-1's layer 0 has none)
+  norm_before_residual: bool = False  # "concat": the residual stream starts at norm(f)
+  qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3 layers)
+  rope_scaling: Any = None  # jspec.core.nn.Llama3Scaling / LinearScaling, or None
+  # The pair at slot 0, (0, e(t_0)), has no target feature. jspec's heads are trained with it;
+  # the published ones never see it (their engines start at (h_0, e(t_1))): False hides it from
+  # every later pair.
+  zero_pair: bool = True
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+    object.__setattr__(self, "rope_scaling", layers.option_from_dict(self.rope_scaling))
+    if self.input_form not in INPUT_FORMS:
+      raise ValueError(f"EagleConfig.input_form must be one of {INPUT_FORMS}, got "
+                       f"{self.input_form!r}")
+    if self.input_form == "concat" and not self.feature_layers:
+      raise ValueError("EagleConfig.input_form 'concat' (EAGLE-3's layer) needs feature_layers")
     if any(i < 0 for i in self.feature_layers):
       raise ValueError(f"EagleConfig.feature_layers must be >= 0, got {self.feature_layers}")
     for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
@@ -63,7 +89,7 @@ class EagleConfig:
     """The head config that copies one layer of the target: its config's fields of the
     same names (a `jspec.models.TransformerConfig` has them all), `overrides` first.
     A target config without some of them needs them in `overrides`."""
-    names = [f.name for f in dataclasses.fields(cls) if f.name != "feature_layers"]
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in OPTIONAL_FIELDS]
     missing = [n for n in names if n not in overrides and not hasattr(target_config, n)]
     if missing:
       raise TypeError(f"EagleConfig.for_target: the target's config "
@@ -84,9 +110,13 @@ class EagleConfig:
     return self.hidden_size * max(1, len(self.feature_layers))
 
   def to_dict(self) -> dict:
-    """JSON-ready fields; `from_dict` inverts it."""
+    """JSON-ready fields; `from_dict` inverts it. Layout options at their defaults are
+    left out, so files of jspec's own heads read as they always have."""
     fields = dataclasses.asdict(self)
     fields["feature_layers"] = list(self.feature_layers)
+    for f in dataclasses.fields(self):
+      if f.name in LAYOUT_FIELDS and fields[f.name] == f.default:
+        del fields[f.name]
     return fields
 
   @classmethod
@@ -99,6 +129,12 @@ class EagleConfig:
     return cls(**fields)
 
 
+LAYOUT_FIELDS = frozenset(("input_form", "fc_bias", "attn_norm", "norm_before_residual",
+                           "qk_norm", "rope_scaling", "zero_pair"))
+# Fields `for_target` does not copy from the target's config.
+OPTIONAL_FIELDS = LAYOUT_FIELDS | {"feature_layers"}
+
+
 def param_shapes(config: EagleConfig) -> dict:
   """The head's params tree as shapes (what `init_params` builds)."""
   D, F = config.hidden_size, config.intermediate_size
@@ -106,16 +142,23 @@ def param_shapes(config: EagleConfig) -> dict:
   fused = {}
   if config.fused:
     fused = {"fuse": {"kernel": (config.feature_width, D)}, "norm": {"scale": (D,)}}
-  return {
-      **fused,
-      "fc": {"kernel": (2 * D, D), "bias": (D,)},
-      "layer": {
-          "attn_norm": {"scale": (D,)},
-          "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh), "wo": (H, Dh, D),
-          "mlp_norm": {"scale": (D,)},
-          "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D),
-      },
-  }
+  mlp = {"mlp_norm": {"scale": (D,)}, "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D)}
+  qk = {"q_norm": {"scale": (Dh,)}, "k_norm": {"scale": (Dh,)}} if config.qk_norm else {}
+  if config.input_form == "concat":
+    return {**fused, "layer": {
+        "input_norm": {"scale": (D,)}, "hidden_norm": {"scale": (D,)},
+        "wq": (2 * D, H, Dh), "wk": (2 * D, Hkv, Dh), "wv": (2 * D, Hkv, Dh), "wo": (H, Dh, D),
+        **qk, **mlp}}
+  fc = {"kernel": (2 * D, D), **({"bias": (D,)} if config.fc_bias else {})}
+  norm = {"attn_norm": {"scale": (D,)}} if config.attn_norm else {}
+  return {**fused, "fc": fc, "layer": {
+      **norm, "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh), "wo": (H, Dh, D),
+      **qk, **mlp}}
+
+
+def head_dtype(params) -> Any:
+  """The dtype the head computes in: its attention weights'."""
+  return params["layer"]["wq"].dtype
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -204,6 +247,16 @@ def _write(buffer, new, slots, axis: int):
   return jax.vmap(one)(buffer, new, slots)
 
 
+def _without_zero_pair(visible, key_slots, slots):
+  """visible [B, T, S'] less the pair at slot 0 (key_slots [B or 1, S'] hold each key's slot)
+  for every pair but itself: heads trained without the zero-feature pair (published ones)
+  never attend to it. A pair that would see nothing else keeps it, so softmax stays finite."""
+  zero = (key_slots == 0)[:, None, :]  # [B or 1, 1, S']
+  rest = visible & ~zero
+  keep = (slots == 0)[:, :, None] | ~jnp.any(rest, axis=-1, keepdims=True)  # [B, T, 1]
+  return rest | (zero & keep)
+
+
 def forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
   """The head's layer over T pairs per row: (predicted features [B, T, D], cache).
 
@@ -213,25 +266,42 @@ def forward(config: EagleConfig, params, features, embeddings, cache, slots, pos
   c = config
   norm = layers.RMSNorm()
   w = params["layer"]
-  dtype = params["fc"]["kernel"].dtype  # the head computes in its own dtype
-  x = jnp.concatenate([features.astype(dtype), embeddings.astype(dtype)], axis=-1)  # [B, T, 2D]
-  x = jnp.einsum("bti,id->btd", x, params["fc"]["kernel"]) + params["fc"]["bias"][None, None, :]
+  dtype = head_dtype(params)  # the head computes in its own dtype
+  features, embeddings = features.astype(dtype), embeddings.astype(dtype)
+  if c.input_form == "concat":  # EAGLE-3's layer: attention over both inputs, normed apart
+    f_normed = norm(features, w["hidden_norm"], c.rms_norm_eps)
+    h = jnp.concatenate([norm(embeddings, w["input_norm"], c.rms_norm_eps), f_normed],
+                        axis=-1)  # [B, T, 2D], the embedding first as published
+    x = f_normed if c.norm_before_residual else features
+  else:
+    x = jnp.concatenate([features, embeddings], axis=-1)  # [B, T, 2D]
+    x = jnp.einsum("bti,id->btd", x, params["fc"]["kernel"])
+    if c.fc_bias:
+      x = x + params["fc"]["bias"][None, None, :]
+    h = norm(x, w["attn_norm"], c.rms_norm_eps) if c.attn_norm else x
   with jax.named_scope("eagle_attention"):
-    h = norm(x, w["attn_norm"], c.rms_norm_eps)
     q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
     k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
     v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
-    q = layers.rope(q, positions, c.rope_theta)
-    k = layers.rope(k, positions, c.rope_theta)
+    if c.qk_norm:
+      q = norm(q, w["q_norm"], c.rms_norm_eps)
+      k = norm(k, w["k_norm"], c.rms_norm_eps)
+    q = layers.rope(q, positions, c.rope_theta, c.rope_scaling)
+    k = layers.rope(k, positions, c.rope_theta, c.rope_scaling)
     k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
     v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+    key_slots = slots
     if cache is not None:
       k = _write(cache["k"], k, slots, axis=3)
       v = _write(cache["v"], v, slots, axis=2)
       cache = {"k": k, "v": v}
-      # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
-      # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
-      visible = visible | (jnp.arange(visible.shape[2]) == 0)[None, None, :]
+      key_slots = jnp.arange(visible.shape[2], dtype=jnp.int32)[None, :]
+      if c.zero_pair:
+        # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
+        # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
+        visible = visible | (key_slots == 0)[:, None, :]
+    if not c.zero_pair:
+      visible = _without_zero_pair(visible, key_slots, slots)
     out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
     x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
   with jax.named_scope("eagle_mlp"):

