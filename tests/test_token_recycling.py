@@ -14,6 +14,7 @@ from jspec.core import decode
 from jspec.core.drafter import (DraftContext, LogitsObservingDrafter, LookupDrafter,
                                 PromptObservingDrafter, RememberingDrafter, TreeDrafter)
 from jspec.drafters.recycling import TokenRecycling, paper_tree
+from jspec.planner import plan
 from conftest import ragged_prompts, tiny_config
 from reference import assert_counts_match, processed_probs
 
@@ -301,8 +302,10 @@ def test_settings_are_checked_before_tracing(target):
   with pytest.raises(ValueError, match="vocab size"):  # the planner's check, before tracing
     jspec.speculative_generate(target, TokenRecycling(V + 1), [[1, 2]], max_new_tokens=2)
   with pytest.raises(ValueError, match="rank 7"):
-    jspec.speculative_generate(target, TokenRecycling(V, top_k=4), [[1, 2]], tree=paper_tree(),
-                               max_new_tokens=2)
+    jspec.speculative_generate(target, TokenRecycling(V, top_k=4), [[1, 2]],
+                               tree=paper_tree(), max_new_tokens=2)
+  with pytest.raises(ValueError, match="rank 7"):  # raised by the planner, before tracing
+    plan.speculation(target, TokenRecycling(V, top_k=4), None, paper_tree())
 
 
 def test_cli_name():

@@ -172,6 +172,15 @@ class TreeDrafter(Protocol):
 
 
 @runtime_checkable
+class TreeCheckingDrafter(Protocol):
+  """A tree drafter that drafts only some static trees (Token Recycling: ranks below its
+  top_k); the planner asks it before tracing."""
+
+  def check_tree(self, tree: Any) -> None:
+    """Raise ValueError, saying why, when this drafter cannot draft `tree`."""
+
+
+@runtime_checkable
 class DynamicTreeDrafter(Protocol):
   """A drafter that grows its own tree per row each round within a static budget
   (`jspec.core.dynamic_tree`, EAGLE-2: the EAGLE head)."""

@@ -160,15 +160,21 @@ class TokenRecycling:
       drafts.append(token)
     return jnp.stack(drafts, axis=1), None, state  # [B, K]
 
+  def check_tree(self, tree: Tree) -> None:
+    """`TreeCheckingDrafter`: every node's rank must be below top_k (the matrix keeps that
+    many ids per token)."""
+    top = int(np.asarray(tree.ranks).max())
+    if top >= self.top_k:
+      raise ValueError(f"the tree has candidates of rank {top}, but the matrix keeps top_k = "
+                       f"{self.top_k} ids per token: use TokenRecycling(top_k={top + 1}) or a "
+                       f"narrower tree")
+
   def propose_tree(self, state: jax.Array, context: DraftContext, tree: Tree, params, keys):
     """`TreeDrafter.propose_tree`: node i = adjacency[its parent's token, ranks[i]],
     expanded level by level from t(L-1); candidates [B, N-1], state unchanged."""
     del params, keys
+    self.check_tree(tree)  # (the planner asked already; direct callers of the engine too)
     parents, ranks = np.asarray(tree.parents), np.asarray(tree.ranks)
-    if int(ranks.max()) >= self.top_k:
-      raise ValueError(f"the tree has candidates of rank {int(ranks.max())}, but the matrix "
-                       f"keeps top_k = {self.top_k} ids per token: use TokenRecycling("
-                       f"top_k={int(ranks.max()) + 1}) or a narrower tree")
     placeholder = ngram.last_token(context.tokens, context.lengths)  # [B]
     tokens, known = [placeholder[:, None]], [jnp.ones((placeholder.shape[0], 1), bool)]
     for start, stop in tree.level_slices[1:]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from jspec.core import schedule, sharding
 from jspec.core.drafter import (BranchDrafter, Drafter, DynamicTreeDrafter, ModelDrafter,
-                                PricedCatchUpDrafter, TreeDrafter)
+                                PricedCatchUpDrafter, TreeCheckingDrafter, TreeDrafter)
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.model import Model
 from jspec.core.tree import Tree
@@ -85,6 +85,8 @@ def speculation(target: Model, draft, num_draft_tokens, tree) -> Speculation:
   if isinstance(tree, Tree) and not isinstance(drafter, TreeDrafter):
     raise TypeError(f"{type(drafter).__name__} cannot draft trees (it has no propose_tree); "
                     f"use a chain (num_draft_tokens) or a tree drafter")
+  if isinstance(tree, Tree) and isinstance(drafter, TreeCheckingDrafter):
+    drafter.check_tree(tree)
   if tree is not None and sharding.model_axes(target) is None:
     raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                      "the slot axis of its K/V buffers")
