@@ -13,7 +13,7 @@ The package, in layers (docs/architecture.md; each imports only those below it):
     jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
     jspec.planner   the host side of a call: inputs, plan, placement, round costs
     jspec.drafters  draft model, n-gram, datastore, suffix, token recycling, lookahead,
-                    Medusa, EAGLE
+                    Medusa, EAGLE, MTP
     jspec.models    the model zoo (reference decoder, Hugging Face and GGUF converters)
     jspec.core      the model contract, decode state, rounds, acceptance, the programs
 
@@ -39,6 +39,7 @@ _EXPORTS = {
     "EagleConfig": "jspec.drafters.eagle",
     "Logprobs": "jspec.core.logprobs",
     "Lookahead": "jspec.drafters.lookahead",
+    "MTP": "jspec.drafters.mtp",
     "Medusa": "jspec.drafters.medusa",
     "Model": "jspec.core.model",
     "NGram": "jspec.drafters.ngram",

@@ -137,6 +137,28 @@ def test_reduced_vocabulary_eagle_keeps_the_distribution(pair, temperature, top_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
+def test_mtp_module_keeps_the_distribution(pair, temperature, top_k):
+  """An MTP module (`jspec.MTP`: normed inputs, a Qwen3 layer, a final norm fed back as the
+  next step's hidden state) with peaked, often wrong drafts: sampled chains (q from the
+  module's processed distribution) and a static tree (candidates by rank) follow the target's
+  distribution."""
+  import jax
+  from jspec.drafters import eagle as E
+  from jspec.drafters.mtp import mtp_config
+  target, _ = pair
+  exact = exact_distribution(target, temperature, top_k)
+  config = mtp_config(target.config, qk_norm=True)
+  params = jax.tree_util.tree_map(lambda x: x * 3.0, E.init_params(config, jax.random.key(4)))
+  module = jspec.MTP.from_target(target, params, config)
+  kw = dict(max_new_tokens=NEW, temperature=temperature, top_k=top_k)
+  tree = jspec.Tree.from_paths([(0, 0), (0, 1), (1, 0), (2,)])
+  for name, shape in (("chain", dict(num_draft_tokens=2)), ("tree", dict(tree=tree))):
+    spec = jspec.speculative_generate(target, module, [PROMPT] * ROWS, seed=2031, **shape, **kw)
+    assert_exact_counts(spec, exact, f"MTP, {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
 def test_suffix_drafter_with_memory_keeps_the_distribution(pair, temperature, top_k):
   """Suffix drafting from a memory of earlier outputs (deterministic, frequency-chosen
   drafts that are often wrong): the counts follow the target's distribution."""

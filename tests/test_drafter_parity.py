@@ -56,7 +56,35 @@ def verifier(request, torch, tmp_path_factory):
     model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**kw))
   path = str(tmp_path_factory.mktemp(f"verifier-{request.param}"))
   model.eval().save_pretrained(path)
+  _word_tokenizer(path)
   return request.param, model, path, jspec.load(path, dtype="float32")
+
+
+def _word_tokenizer(path):
+  """A word-level tokenizer.json ("w0" .. "w63") beside the verifier, so that the command
+  line (`jspec measure`) can encode text prompts for it."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+
+  tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(os.path.join(path, "tokenizer.json"))
+
+
+def _measure(vpath, drafter_dir, tmp_path):
+  """`jspec measure --target VERIFIER --drafter DIR --k 4 --json out.json` on a reference-
+  written drafter folder: it runs and reports tau (>= 1: a round emits at least one token)."""
+  from jspec.tools import cli
+
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("w1 w2 w3 w1 w2 w3 w4\n---\nw5 w6 w7 w8 w5 w6\n")
+  out = tmp_path / "measure.json"
+  assert cli.main(["measure", "--target", vpath, "--drafter", str(drafter_dir), "--k", "4",
+                   "--prompts", str(prompts), "--max-new-tokens", "16", "--repeats", "1",
+                   "--json", str(out)]) == 0
+  with open(out) as f:
+    rows = json.load(f)["rows"]
+  assert [r["k"] for r in rows] == [4] and rows[0]["tau"] >= 1.0
+  return rows[0]["tau"]
 
 
 def _randomise(torch, module, seed):
@@ -188,6 +216,8 @@ def test_speculators_eagle3(torch, verifier, tmp_path, norm_before_residual):
   m.eval().save_pretrained(tmp_path / "ref")
   eagle = jspec.load_drafter(tmp_path / "ref", target)
   assert eagle.feature_layers == (0, 1, 2) and eagle.config.qk_norm == (family == "qwen3")
+  if not norm_before_residual:
+    _measure(vpath, tmp_path / "ref", tmp_path)
   tokens = _tokens()
   # the convention: jspec's features are hidden_states[id] for each id
   states, _ = _hf_states(torch, hf, tokens)
@@ -342,3 +372,73 @@ def test_medusa(torch, verifier, tmp_path, layers):
   back = _medusa_heads(torch, 3, layers)
   back.load_state_dict(torch.load(os.path.join(out, "medusa_lm_head.pt")), strict=True)
   check("export", back)
+
+
+# ----------------------------------------------------------------------------- MTP
+
+
+def _mtp_fns(torch, m):
+  """speculators' MTP module as `_eagle_reference` runs it: its layer over the pairs
+  (h_j, e(t_{j+1})), the verifier's LM head on its (final-normed) output, which is also the
+  hidden state the next step reads."""
+  def layer_fn(ids, hidden, mask, pos):
+    return m.mtp_layers[0](hidden_states=hidden, token_embeddings=m.embed_tokens(ids),
+                           attention_mask=mask, position_ids=pos,
+                           position_embeddings=m.rotary_emb(hidden, pos))
+  return layer_fn, m.lm_head, lambda i: i, lambda f: f
+
+
+def test_speculators_mtp(torch, verifier, tmp_path):
+  """An MTP module built by speculators (its layer is Qwen3's; over the Llama verifier too, a
+  Qwen3 layer of the verifier's sizes), saved by its `save_pretrained` (without the
+  verifier's embedding and LM head, which `from_pretrained` reloads from the verifier),
+  loaded as a `jspec.MTP`; exported back and reloaded by `from_pretrained`."""
+  require("speculators")
+  import transformers as tf
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.mtp import MTPDraftModel
+  from speculators.models.mtp.config import MTPSpeculatorConfig
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+  family, hf, vpath, target = verifier
+  layer = tf.Qwen3Config(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=1,
+                         num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH,
+                         max_position_embeddings=256, tie_word_embeddings=False,
+                         rope_theta=float(hf.config.rope_parameters["rope_theta"]))
+  config = MTPSpeculatorConfig(
+      transformer_layer_config=layer,
+      speculators_config=SpeculatorsConfig(
+          algorithm="mtp", default_proposal_method="greedy",
+          proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
+          verifier=VerifierConfig.from_pretrained(vpath)))
+  m = MTPDraftModel(config)
+  m.load_verifier_weights()
+  g = torch.Generator().manual_seed(5)
+  with torch.no_grad():  # the module's own weights at random; the verifier's stay
+    for name, p in m.named_parameters():
+      if name.startswith("mtp_layers."):
+        noise = torch.randn(p.shape, generator=g)
+        p.copy_(1 + 0.1 * noise if "norm" in name else 0.3 * noise)
+  m.eval().save_pretrained(tmp_path / "ref")
+  module = jspec.load_drafter(tmp_path / "ref", target)
+  assert isinstance(module, jspec.MTP) and module.feature_layers == ()
+  _measure(vpath, tmp_path / "ref", tmp_path)
+  tokens = _tokens()
+  _, last = _hf_states(torch, hf, tokens)
+  feats = _eagle_jspec(module, target, tokens)[2]
+  np.testing.assert_allclose(feats, last.numpy(), rtol=1e-4, atol=1e-4)  # the final hidden
+  ref = MTPDraftModel.from_pretrained(tmp_path / "ref").eval()
+  # The pairing, from the reference's own training forward: its first step's logits at
+  # position j read (h_j, e(t_{j+1})), as jspec's pair at slot j + 1 does.
+  with torch.no_grad():
+    steps = ref(input_ids=torch.from_numpy(tokens), hidden_states=last)[0]
+  first = steps[0][0].numpy()  # [T - K - 1, V]
+  got = np.asarray(_eagle_jspec(module, target, tokens)[0])[1:1 + first.shape[0]]
+  _compare(("speculators mtp", "training forward", family), got, first, got.argmax(-1),
+           first.argmax(-1))
+  _check_eagle(torch, ("speculators mtp", "load", family), module, target, tokens,
+               *_mtp_fns(torch, ref))
+  out = PD.export_drafter(module, tmp_path / "out", "speculators", verifier=vpath)
+  back = MTPDraftModel.from_pretrained(out).eval()
+  _check_eagle(torch, ("speculators mtp", "export", family), module, target, tokens,
+               *_mtp_fns(torch, back))

@@ -27,7 +27,11 @@ from jspec.core import nn as layers
 #   "concat"  EAGLE-3's first layer as published (Li et al. 2025; SpecForge, vLLM speculators):
 #             attention reads [norm(e); norm(f)] (2D wide), the residual is f (or norm(f) with
 #             norm_before_residual); no fc
-INPUT_FORMS = ("fc", "concat")
+#   "mtp"     a multi-token-prediction module (DeepSeek-V3, Liu et al. 2024; Qwen3-Next; vLLM
+#             speculators' "mtp"): x = proj([norm(e); norm(f)]) (no bias), a pre-norm decoder
+#             layer with its input norm, then a final norm; the normed output is both the
+#             feature fed to the next step and what the LM head reads (`jspec.MTP`)
+INPUT_FORMS = ("fc", "concat", "mtp")
 
 
 # ----------------------------------------------------------------------------- config and params
@@ -53,8 +57,8 @@ class EagleConfig:
   # Options of the published layouts (`jspec.io.drafter_layouts`); the defaults are jspec's
   # own heads.
   input_form: str = "fc"  # INPUT_FORMS
-  fc_bias: bool = True  # "fc": the fc's bias
-  attn_norm: bool = True  # "fc": an RMSNorm before attention (EAGLE-1's layer 0 has none)
+  fc_bias: bool = True  # "fc": the fc's bias ("mtp": never)
+  attn_norm: bool = True  # "fc": an RMSNorm before attention (EAGLE-1's layer 0 has none; "mtp": always)
   norm_before_residual: bool = False  # "concat": the residual stream starts at norm(f)
   qk_norm: bool = False  # per-head RMSNorm of q and k before rotary (Qwen3 layers)
   rope_scaling: Any = None  # jspec.core.nn.Llama3Scaling / LinearScaling, or None
@@ -71,6 +75,9 @@ class EagleConfig:
                        f"{self.input_form!r}")
     if self.input_form == "concat" and not self.feature_layers:
       raise ValueError("EagleConfig.input_form 'concat' (EAGLE-3's layer) needs feature_layers")
+    if self.input_form == "mtp" and self.feature_layers:
+      raise ValueError("EagleConfig.input_form 'mtp' reads the target's final hidden state: "
+                       f"feature_layers must be empty, got {self.feature_layers}")
     if any(i < 0 for i in self.feature_layers):
       raise ValueError(f"EagleConfig.feature_layers must be >= 0, got {self.feature_layers}")
     for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
@@ -149,6 +156,12 @@ def param_shapes(config: EagleConfig) -> dict:
         "input_norm": {"scale": (D,)}, "hidden_norm": {"scale": (D,)},
         "wq": (2 * D, H, Dh), "wk": (2 * D, Hkv, Dh), "wv": (2 * D, Hkv, Dh), "wo": (H, Dh, D),
         **qk, **mlp}}
+  if config.input_form == "mtp":
+    return {"mtp_in": {"token_norm": {"scale": (D,)}, "hidden_norm": {"scale": (D,)},
+                       "kernel": (2 * D, D)},
+            "layer": {"attn_norm": {"scale": (D,)}, "wq": (D, H, Dh), "wk": (D, Hkv, Dh),
+                      "wv": (D, Hkv, Dh), "wo": (H, Dh, D), **qk, **mlp,
+                      "out_norm": {"scale": (D,)}}}
   fc = {"kernel": (2 * D, D), **({"bias": (D,)} if config.fc_bias else {})}
   norm = {"attn_norm": {"scale": (D,)}} if config.attn_norm else {}
   return {**fused, "fc": fc, "layer": {
@@ -273,6 +286,12 @@ def forward(config: EagleConfig, params, features, embeddings, cache, slots, pos
     h = jnp.concatenate([norm(embeddings, w["input_norm"], c.rms_norm_eps), f_normed],
                         axis=-1)  # [B, T, 2D], the embedding first as published
     x = f_normed if c.norm_before_residual else features
+  elif c.input_form == "mtp":  # both inputs normed apart, the embedding first as published
+    w_in = params["mtp_in"]
+    x = jnp.concatenate([norm(embeddings, w_in["token_norm"], c.rms_norm_eps),
+                         norm(features, w_in["hidden_norm"], c.rms_norm_eps)], axis=-1)
+    x = jnp.einsum("bti,id->btd", x, w_in["kernel"])  # [B, T, D], the residual stream
+    h = norm(x, w["attn_norm"], c.rms_norm_eps)
   else:
     x = jnp.concatenate([features, embeddings], axis=-1)  # [B, T, 2D]
     x = jnp.einsum("bti,id->btd", x, params["fc"]["kernel"])
@@ -306,4 +325,6 @@ def forward(config: EagleConfig, params, features, embeddings, cache, slots, pos
     x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
   with jax.named_scope("eagle_mlp"):
     x = x + layers.GatedMLP("silu")(norm(x, w["mlp_norm"], c.rms_norm_eps), w)
+  if c.input_form == "mtp":  # the module's final norm: its output is a normed feature
+    x = norm(x, w["out_norm"], c.rms_norm_eps)
   return x, cache

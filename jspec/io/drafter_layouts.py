@@ -6,14 +6,16 @@ The layout is read from the directory's config.json (and, for EAGLE-1, the tenso
     speculators   EAGLE-3, vLLM speculators (`speculators_model_type: "eagle3"`)
     eagle1        EAGLE-1/2, SafeAILab (`fc` over [embedding; hidden], `layers.0.*`)
     medusa        Medusa heads, medusa-llm (`medusa_num_heads`, medusa_lm_head.pt)
+    speculators-mtp  MTP modules, vLLM speculators (`speculators_model_type: "mtp"`)
 
-Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`), checked against the
+Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`, `jspec.MTP`), checked against the
 target before any tracing: hidden size, vocabulary, auxiliary layers, every tensor's name
 and shape, the draft vocabulary map. docs/published_drafters.md lists what is verified.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -25,6 +27,7 @@ from jspec.models.hf import CheckpointError
 from jspec.io import layout_eagle1 as eagle1
 from jspec.io import layout_eagle3 as eagle3
 from jspec.io import layout_medusa as medusa
+from jspec.io import layout_mtp as mtp
 from jspec.io import layout_tensors as T
 
 LAYOUTS = {
@@ -35,6 +38,8 @@ LAYOUTS = {
     eagle1.LAYOUT: "EAGLE-1/2, SafeAILab (tensors fc [D, 2D] and layers.0.*)",
     medusa.LAYOUT: "Medusa, medusa-llm (config medusa_num_heads, medusa_lm_head.pt or "
                    ".safetensors)",
+    mtp.LAYOUT: "MTP module, vLLM speculators (config speculators_model_type \"mtp\", tensors "
+                "mtp_layers.0.*)",
 }
 FORMATS = (eagle3.SPECULATORS, eagle3.SPECFORGE, eagle1.LAYOUT, medusa.LAYOUT)
 
@@ -67,7 +72,8 @@ def detect_layout(path) -> str | None:
   none of them (no tensors are read, except EAGLE-1's headers)."""
   path, cfg = read_config(path)
   if "speculators_model_type" in cfg:
-    return eagle3.SPECULATORS if cfg["speculators_model_type"] == "eagle3" else None
+    kind = cfg["speculators_model_type"]
+    return {"eagle3": eagle3.SPECULATORS, "mtp": mtp.LAYOUT}.get(kind)
   if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or ()):  # SafeAILab's and SGLang's name
     return eagle3.SPECFORGE
   if "medusa_num_heads" in cfg:
@@ -91,7 +97,7 @@ def is_published(path) -> bool:
 
 def load_drafter(path, target: Model, dtype=None):
   """The drafter in directory `path` (any layout of LAYOUTS) for `target`: a `jspec.Eagle`
-  (EAGLE-3 or EAGLE-1/2) or a `jspec.Medusa`.
+  (EAGLE-3 or EAGLE-1/2), a `jspec.MTP` or a `jspec.Medusa`.
 
   dtype: cast floating-point params to it (e.g. "float32"); None keeps the stored dtype.
   Raises a clear error naming the file, before any tracing, when the drafter does not fit
@@ -104,7 +110,11 @@ def load_drafter(path, target: Model, dtype=None):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
   local = os.path.expanduser(os.fspath(path))
   if os.path.isfile(os.path.join(local, eagle.CONFIG_FILE)):
-    return eagle.load_eagle(local, target, dtype=dtype)
+    head = eagle.load_eagle(local, target, dtype=dtype)
+    if head.config.input_form == "mtp":  # an MTP module saved in jspec's format
+      from jspec.drafters.mtp import MTP
+      head = MTP(**{f.name: getattr(head, f.name) for f in dataclasses.fields(head)})
+    return head
   if os.path.isfile(os.path.join(local, jspec_medusa.CONFIG_FILE)):
     return jspec_medusa.load_medusa(local, target, dtype=dtype)
   path, cfg = read_config(path)
@@ -117,6 +127,8 @@ def load_drafter(path, target: Model, dtype=None):
     return eagle3.load(path, cfg, layout, target, dtype)
   if layout == eagle1.LAYOUT:
     return eagle1.load(path, cfg, T.open_tensors(path), target, dtype)
+  if layout == mtp.LAYOUT:
+    return mtp.load(path, cfg, target, dtype)
   return medusa.load(path, cfg, target, dtype)
 
 
@@ -124,7 +136,7 @@ def export_drafter(drafter, out, fmt: str, *, dtype="float32", verifier: str | N
   """Write `drafter` (a `jspec.Eagle` or `jspec.Medusa`, e.g. from `jspec.io.shipped` or a
   saved head attached to its target) into the new directory `out` in layout `fmt`
   (FORMATS): "speculators" or "specforge" for EAGLE-3 heads, "eagle1" for EAGLE-1 heads,
-  "medusa" for Medusa heads. verifier: the target's name or path recorded in the config.
+  "medusa" for Medusa heads; "speculators" writes MTP modules in speculators' MTP layout. verifier: the target's name or path recorded in the config.
   Returns the absolute path written."""
   from jspec.drafters.eagle import Eagle
   from jspec.drafters.medusa import Medusa
@@ -138,6 +150,11 @@ def export_drafter(drafter, out, fmt: str, *, dtype="float32", verifier: str | N
     return medusa.export(drafter, out, dtype=dt, base_model=verifier)
   if not isinstance(drafter, Eagle):
     raise ValueError(f"--format {fmt} writes EAGLE heads, got {type(drafter).__name__}")
+  if drafter.config.input_form == "mtp":
+    if fmt != eagle3.SPECULATORS:
+      raise ValueError(f"this is an MTP module: --format speculators writes it (speculators' "
+                       f"MTP layout), not --format {fmt}")
+    return mtp.export(drafter, out, dtype=dt, verifier=verifier)
   if fmt == eagle1.LAYOUT:
     return eagle1.export(drafter, out, dtype=dt)
   if not drafter.config.fused:
