@@ -164,3 +164,26 @@ def test_bad_input_is_a_clear_error(target, tmp_path):
     f.truncate(os.path.getsize(file) - 100)
   with pytest.raises(ValueError, match=r"model.safetensors is truncated: tensor"):
     jspec.load_drafter(d, target)
+
+
+def test_a_hub_id_is_downloaded_when_no_such_folder_exists(target, tmp_path, monkeypatch):
+  """`load_drafter("org/name", target)`: a repo id that is not a local path goes through
+  huggingface_hub's snapshot_download (replaced here: no network in tests), config and weights
+  only; a local folder of that name wins."""
+  hub = pytest.importorskip("huggingface_hub")
+  folder = mtp_dir(tmp_path / "snapshot")
+  calls = []
+
+  def fake(repo_id, allow_patterns=None, **kw):
+    calls.append((repo_id, tuple(allow_patterns)))
+    return folder
+
+  monkeypatch.setattr(hub, "snapshot_download", fake)
+  monkeypatch.chdir(tmp_path)
+  assert isinstance(jspec.load_drafter("some-org/qwen3-mtp", target), MTP)
+  assert calls and calls[0][0] == "some-org/qwen3-mtp"
+  assert "config.json" in calls[0][1] and "*.safetensors" in calls[0][1]
+  os.makedirs(tmp_path / "some-org")
+  mtp_dir(tmp_path / "some-org" / "local-mtp")
+  jspec.load_drafter("some-org/local-mtp", target)
+  assert len(calls) == 1

@@ -46,7 +46,7 @@ HUB_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "*.safetensors", "*.safetensors.index.json",
 )
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 # ----------------------------------------------------------------------------- save
@@ -143,7 +143,7 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
                              f"directories")
   if local.endswith(".gguf"):  # before the Hub: "models/x.gguf" also reads as a repo id
     raise FileNotFoundError(f"no GGUF file {os.path.abspath(local)}")
-  if _REPO_ID.match(name) and ".." not in name:
+  if REPO_ID.match(name) and ".." not in name:
     try:
       import huggingface_hub
     except ImportError:

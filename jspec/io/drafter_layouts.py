@@ -95,8 +95,30 @@ def is_published(path) -> bool:
     return False
 
 
+# What a drafter folder on the Hub needs: its config, weights (safetensors, or the PyTorch
+# pickles EAGLE-1 and Medusa heads were published in) and nothing else.
+HUB_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "pytorch_model.bin",
+             "medusa_lm_head.pt")
+
+
+def _local(name: str) -> str:
+  """`name` itself when it is a local path; a Hub repo id ("org/name") downloaded with
+  huggingface_hub (its weights and config only) when it is not."""
+  from jspec.io.checkpoint import REPO_ID  # one rule for models and drafters
+
+  if os.path.exists(name) or not REPO_ID.match(name) or ".." in name:
+    return name
+  try:
+    import huggingface_hub
+  except ImportError:
+    raise FileNotFoundError(f"no drafter directory {name!r}; to download it from the Hugging "
+                            f"Face Hub, install huggingface_hub: pip install 'jspec[hub]'") from None
+  return huggingface_hub.snapshot_download(name, allow_patterns=list(HUB_FILES))
+
+
 def load_drafter(path, target: Model, dtype=None):
-  """The drafter in directory `path` (any layout of LAYOUTS) for `target`: a `jspec.Eagle`
+  """The drafter in directory `path` (any layout of LAYOUTS; or a Hub repo id, downloaded when
+  no such directory exists) for `target`: a `jspec.Eagle`
   (EAGLE-3 or EAGLE-1/2), a `jspec.MTP` or a `jspec.Medusa`.
 
   dtype: cast floating-point params to it (e.g. "float32"); None keeps the stored dtype.
@@ -108,7 +130,7 @@ def load_drafter(path, target: Model, dtype=None):
 
   if not isinstance(target, Model):
     raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
-  local = os.path.expanduser(os.fspath(path))
+  local = _local(os.path.expanduser(os.fspath(path)))
   if os.path.isfile(os.path.join(local, eagle.CONFIG_FILE)):
     head = eagle.load_eagle(local, target, dtype=dtype)
     if head.config.input_form == "mtp":  # an MTP module saved in jspec's format
@@ -117,7 +139,7 @@ def load_drafter(path, target: Model, dtype=None):
     return head
   if os.path.isfile(os.path.join(local, jspec_medusa.CONFIG_FILE)):
     return jspec_medusa.load_medusa(local, target, dtype=dtype)
-  path, cfg = read_config(path)
+  path, cfg = read_config(local)
   layout = detect_layout(path)
   if layout is None:
     raise CheckpointError(f"{os.path.join(path, 'config.json')} is not a drafter layout jspec "
