@@ -724,6 +724,39 @@ To compare drafters, pass another one to `measure.measure`: a draft checkpoint o
 instance the one `train_drafter.ipynb` writes), or a prompt-lookup drafter that needs no model,
 `jspec.NGram(target.vocab_size, max_ngram=3)`, which shines on prompts that restate their
 context.'''),
+    md('''\
+## A published head for a Hub target
+
+Drafters trained by other projects load into jspec with `jspec.load_drafter(hub_id, target)`:
+EAGLE-3 heads in the SpecForge / SafeAILab layout (served by SGLang) and in vLLM speculators'
+layout, EAGLE-1/2 heads, Medusa heads and speculators' MTP modules (see
+`docs/published_drafters.md`). The cell below runs in hub mode only: it loads a Qwen3 target
+and an EAGLE-3 head published for it (Tengyunw/qwen3_8b_eagle3, a SpecForge-layout head whose
+authors report Qwen3-8B going from 187 to 365 tokens/s in SGLang on one H200), checks that the
+greedy output equals the target's own, and measures tau. It needs about 20 GiB of accelerator
+memory (bf16).'''),
+    code('''\
+import numpy as np
+
+PUBLISHED = ("Qwen/Qwen3-8B", "Tengyunw/qwen3_8b_eagle3")  # (target, EAGLE-3 head)
+
+if USE_HUB and accelerator_gib() >= 20:
+  big = jspec.load(PUBLISHED[0], dtype="bfloat16", mesh=MESH, rules=sharding.TENSOR_PARALLEL)
+  head = jspec.load_drafter(PUBLISHED[1], big, dtype="bfloat16")
+  print(type(head).__name__, "reading target layers", head.feature_layers)
+  qwen3 = [big.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                             add_generation_prompt=True, enable_thinking=False)
+           for q in CHAT_PROMPTS[:2]]
+  plain = jspec.generate(big, qwen3[:1], max_new_tokens=64, mesh=MESH)
+  fast = jspec.speculative_generate(big, head, qwen3[:1], num_draft_tokens=4,
+                                    max_new_tokens=64, mesh=MESH)
+  print("greedy output equal to the target's:",
+        bool(np.array_equal(np.asarray(plain.tokens), np.asarray(fast.tokens))))
+  published = measure.measure(big, head, qwen3, ks=(2, 4), max_new_tokens=128, batch_size=1,
+                              repeats=2)
+  print(measure.format_table(published))
+else:
+  print("skipped: needs hub mode and about 20 GiB of accelerator memory")'''),
 ]
 
 NOTEBOOKS = {
