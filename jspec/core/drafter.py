@@ -34,6 +34,14 @@ treatment of jspec's own:
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
         rank), so that tree acceptance is exact without draft probabilities.
+    TreeCheckingDrafter: check_tree(tree) -> None
+        a tree drafter that drafts only some static trees: the planner asks it before
+        tracing, and it raises ValueError saying why (token recycling: ranks below its
+        top_k; DFlash: depth within its block).
+    BoundedDrafter: max_draft_tokens: int
+        a drafter that drafts at most that many tokens a round (DFlash: its block's mask
+        slots): the planner refuses a larger K, "auto"'s largest choice or a deeper tree
+        before tracing.
     DynamicTreeDrafter: propose_dynamic(state, context, budget, params, keys)
         -> (candidates, row_tree, state): a tree per row within the static budget
         `jspec.core.dynamic_tree.DynamicTree`, grown from the drafter's confidences,
@@ -178,6 +186,14 @@ class TreeCheckingDrafter(Protocol):
 
   def check_tree(self, tree: Any) -> None:
     """Raise ValueError, saying why, when this drafter cannot draft `tree`."""
+
+
+@runtime_checkable
+class BoundedDrafter(Protocol):
+  """A drafter that drafts at most `max_draft_tokens` tokens a round (DFlash: the mask
+  slots of its block); the planner checks K against it before tracing."""
+
+  max_draft_tokens: int
 
 
 @runtime_checkable
