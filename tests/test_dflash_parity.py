@@ -14,6 +14,7 @@ scale, drafted ids equal. Then jspec exports the drafter and the reference loads
 
 import copy
 import json
+import shutil
 import subprocess
 import sys
 
@@ -155,6 +156,18 @@ def test_speculators_dflash(torch, verifier, tmp_path, reduced):
                              rtol=1e-4, atol=1e-4)
   name = "speculators DFlash" + (" (draft vocab)" if reduced else "")
   _check((name, "load", family), drafter, m, torch, feats, tokens)
+  if not reduced:  # z-lab's layout: the same modules and tensor names, its own config
+    zlab = tmp_path / "zlab"
+    zlab.mkdir()
+    shutil.copy(tmp_path / "ref" / "model.safetensors", zlab / "model.safetensors")
+    config = dict(json.loads((tmp_path / "ref" / "config.json").read_text())
+                  ["transformer_layer_config"], architectures=["DFlashDraftModel"],
+                  block_size=BS, num_target_layers=LAYERS,
+                  dflash_config={"mask_token_id": MASK, "target_layer_ids": [i - 1 for i in IDS]})
+    (zlab / "config.json").write_text(json.dumps(config))
+    assert PD.detect_layout(zlab) == "zlab-dflash"
+    _check(("z-lab DFlash", "load", family), jspec.load_drafter(zlab, target), m, torch, feats,
+           tokens)
   out = PD.export_drafter(drafter, tmp_path / "out", "speculators", verifier=vpath)
   back = DFlashDraftModel.from_pretrained(out).eval()
   back.config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
@@ -164,6 +177,17 @@ def test_speculators_dflash(torch, verifier, tmp_path, reduced):
   _check((name, "export", family), drafter, back, torch, feats, tokens)
   again = jspec.load_drafter(out, target)
   np.testing.assert_array_equal(_jspec(again, feats, tokens)[1], _jspec(drafter, feats, tokens)[1])
+
+
+def _char_tokenizer(file):
+  """A tokenizer.json that maps each character to one id below V (unknown ones to 0)."""
+  from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+  chars = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,"[:V - 1]
+  vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+  tok.save(str(file))
 
 
 def test_measure_runs_on_a_speculators_dflash(torch, verifier, tmp_path):
@@ -180,11 +204,19 @@ def test_measure_runs_on_a_speculators_dflash(torch, verifier, tmp_path):
       verifier_config=layer_cfg, verifier_name_or_path=vpath, draft_vocab_size=V, block_size=5,
       target_layer_ids=IDS, mask_token_id=MASK, draft_attn_impl="eager")
   m.eval().save_pretrained(tmp_path / "ref")
+  # the verifier with a character-level tokenizer, for the command's text prompts
+  target_dir = tmp_path / "verifier"
+  shutil.copytree(vpath, target_dir)
+  _char_tokenizer(target_dir / "tokenizer.json")
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("abcabcabc\n---\nhello world\n")
   out = tmp_path / "measure.json"
-  cmd = [sys.executable, "-m", "jspec.tools.cli", "measure", "--target", vpath, "--drafter",
-         str(tmp_path / "ref"), "--k", "4", "--json", str(out)]
+  cmd = [sys.executable, "-m", "jspec.tools.cli", "measure", "--target", str(target_dir),
+         "--drafter", str(tmp_path / "ref"), "--prompts", str(prompts), "--k", "4",
+         "--max-new-tokens", "16", "--repeats", "1", "--json", str(out)]
   run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
+  print("\n" + run.stdout)
   report = json.loads(out.read_text())
   rows = report["rows"]
   assert [r["k"] for r in rows] == [4] and rows[0]["tau"] >= 1.0
