@@ -51,7 +51,8 @@ class DFlashConfig:
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: Any = None  # jspec.core.nn.Llama3Scaling / LinearScaling, or None
-  initializer_range: float = 0.02
+  # How `init_params` draws; not part of the network (left out of equality and hashing).
+  initializer_range: float = dataclasses.field(default=0.02, compare=False)
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
