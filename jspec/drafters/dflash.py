@@ -44,9 +44,12 @@ from jspec.core import sampling
 from jspec.core.model import Model
 from jspec.core.tree import top_ranked
 from jspec.drafters import vocab_subset
-from jspec.drafters.dflash_head import (  # noqa: F401 (the drafter's public face)
-    DFlashConfig, block_forward, check_params, context_kv, head_dtype, init_params,
-    param_shapes)
+from jspec.drafters.dflash_head import (DFlashConfig, block_forward, check_params, context_kv,
+                                        head_dtype, init_params, param_shapes)
+
+# The network's names (`jspec.drafters.dflash_head`) are this module's too: the drafter's face.
+__all__ = ["DFlash", "DFlashConfig", "block_forward", "check_params", "context_kv", "head_dtype",
+           "init_params", "param_shapes"]
 
 
 @jax.tree_util.register_dataclass
