@@ -206,7 +206,9 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> DFlash:
   check_params(params, config, f"{where} tensors")
   cast = (lambda x: jnp.asarray(x, dtype)) if dtype is not None else jnp.asarray
   params = _tree_map(cast, params)
-  drafter = dataclasses.replace(DFlash.from_target(target, params, config), layout=layout)
+  # The references embed with the table as stored and read a plain linear LM head.
+  drafter = dataclasses.replace(DFlash.from_target(target, params, config), layout=layout,
+                                embedding_multiplier=1.0, final_logit_softcapping=None)
   V = c.vocab_size
   if N == V and "lm_head.weight" not in tensors.names:
     return drafter  # the target's own LM head
