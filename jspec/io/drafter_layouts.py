@@ -9,9 +9,10 @@ The layout is read from the directory's config.json (and, for EAGLE-1, the tenso
     speculators-dflash  DFlash, vLLM speculators (`speculators_model_type: "dflash"`)
     zlab-dflash   DFlash, z-lab (`architectures: ["DFlashDraftModel"]`, `dflash_config`)
 
-Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`, `jspec.DFlash`), checked against the
-target before any tracing: hidden size, vocabulary, auxiliary layers, every tensor's name
-and shape, the draft vocabulary map. docs/published_drafters.md lists what is verified.
+Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`, `jspec.DFlash`),
+checked against the target before any tracing: hidden size, vocabulary, auxiliary layers,
+every tensor's name and shape, the draft vocabulary map. docs/published_drafters.md lists
+what is verified.
 """
 
 from __future__ import annotations

@@ -242,19 +242,19 @@ def _rope_fields(c: DFlashConfig) -> dict:
 def tensors_of(drafter: DFlash, dtype) -> dict[str, np.ndarray]:
   """The drafter's tensors in the published names (torch Linear layout [out, in])."""
   c = drafter.config
-  D, H, Hkv, Dh, NL = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, \
-      c.num_layers
+  D, H, Hkv, Dh = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
   p, w = drafter.params, drafter.params["layers"]
   f = lambda x: np.asarray(x, np.float32).astype(dtype)  # noqa: E731
   out = {"fc.weight": f(np.asarray(p["fc"]["kernel"]).T),
          "hidden_norm.weight": f(p["hidden_norm"]["scale"]), "norm.weight": f(p["norm"]["scale"])}
-  linear = {"self_attn.q_proj.weight": ("wq", D, H * Dh), "self_attn.k_proj.weight": ("wk", D, Hkv * Dh),
-            "self_attn.v_proj.weight": ("wv", D, Hkv * Dh), "self_attn.o_proj.weight": ("wo", H * Dh, D),
-            "mlp.gate_proj.weight": ("w_gate", D, -1), "mlp.up_proj.weight": ("w_up", D, -1),
-            "mlp.down_proj.weight": ("w_down", -1, D)}
+  linear = {  # name -> (param, rows, cols) of the [in, out] matrix before the transpose
+      "self_attn.q_proj.weight": ("wq", D, H * Dh), "self_attn.k_proj.weight": ("wk", D, Hkv * Dh),
+      "self_attn.v_proj.weight": ("wv", D, Hkv * Dh), "self_attn.o_proj.weight": ("wo", H * Dh, D),
+      "mlp.gate_proj.weight": ("w_gate", D, -1), "mlp.up_proj.weight": ("w_up", D, -1),
+      "mlp.down_proj.weight": ("w_down", -1, D)}
   norms = {"input_layernorm.weight": "input_norm", "post_attention_layernorm.weight": "mlp_norm",
            "self_attn.q_norm.weight": "q_norm", "self_attn.k_norm.weight": "k_norm"}
-  for i in range(NL):
+  for i in range(c.num_layers):
     for name, (key, rows, cols) in linear.items():
       x = np.asarray(w[key][i], np.float32)
       out[f"layers.{i}.{name}"] = f(x.reshape(rows, cols).T)
