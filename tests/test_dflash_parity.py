@@ -49,19 +49,23 @@ def torch():
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def verifier(request, torch, tmp_path_factory):
   """(family, HF model, its directory, the jspec target loaded from it)."""
+  return _verifier(torch, request.param, tmp_path_factory)
+
+
+def _verifier(torch, family, tmp_path_factory):
   import transformers as tf
 
   torch.manual_seed(0)
   kw = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=LAYERS,
             num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH,
             max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.3)
-  if request.param == "llama":
+  if family == "llama":
     model = tf.LlamaForCausalLM(tf.LlamaConfig(**kw))
   else:
     model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**kw))
-  path = str(tmp_path_factory.mktemp(f"verifier-{request.param}"))
+  path = str(tmp_path_factory.mktemp(f"verifier-{family}"))
   model.eval().save_pretrained(path)
-  return request.param, model, path, jspec.load(path, dtype="float32")
+  return family, model, path, jspec.load(path, dtype="float32")
 
 
 def _randomise(torch, module, seed):
@@ -190,14 +194,12 @@ def _char_tokenizer(file):
   tok.save(str(file))
 
 
-def test_measure_runs_on_a_speculators_dflash(torch, verifier, tmp_path):
-  """`jspec measure` on the tiny verifier with a speculators DFlash directory: it runs and
-  reports tau for K = 3 (a random drafter: tau near 1)."""
+def test_measure_runs_on_a_speculators_dflash(torch, tmp_path_factory, tmp_path):
+  """`jspec measure` on the tiny Llama verifier with a speculators DFlash directory (block 5):
+  it runs and reports tau for K = 4 (a random drafter: tau near 1)."""
   from speculators.models.dflash import DFlashDraftModel
 
-  family, hf, vpath, _ = verifier
-  if family != "llama":
-    pytest.skip("one verifier is enough for the command")
+  _, hf, vpath, _ = _verifier(torch, "llama", tmp_path_factory)
   layer_cfg = copy.deepcopy(hf.config)
   layer_cfg.num_hidden_layers = 1
   m = DFlashDraftModel.from_training_args(
