@@ -327,3 +327,18 @@ def test_whole_sequence_distribution(temperature, top_k, shape):
   spec = jspec.speculative_generate(target, d, [E.PROMPT] * E.ROWS, max_new_tokens=E.NEW,
                                     temperature=temperature, top_k=top_k, seed=2031, **kw)
   E.assert_exact_counts(spec, exact, f"DFlash {shape}")
+
+
+@pytest.mark.slow
+def test_profile_times_rounds_of_a_fused_feature_drafter(target, drafter, tmp_path):
+  """`jspec profile` times plain rounds with the features the drafter reads (its fused width),
+  then "auto" decodes with the saved costs: greedy output equals the baseline."""
+  from jspec.tools.profile import profile_auto
+  auto = profile_auto(target, drafter, 2, 64, auto=jspec.AutoK(choices=(0, 1, 3)),
+                      cache_dir=str(tmp_path), calls=2, repeats=1)
+  assert len(auto.costs) == 3 and all(c > 0 for c in auto.costs)
+  prompts = [[1, 2, 3], [4, 5]]
+  base = jspec.generate(target, prompts, max_new_tokens=12, eos_id=())
+  out = jspec.speculative_generate(target, drafter, prompts, num_draft_tokens=auto,
+                                   max_new_tokens=12, eos_id=())
+  np.testing.assert_array_equal(np.asarray(base.tokens), np.asarray(out.tokens))
