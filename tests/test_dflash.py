@@ -23,7 +23,7 @@ import pytest
 import jspec
 from conftest import assert_greedy_match, ragged_prompts, tiny_config
 from jspec.core import dynamic, schedule
-from jspec.core.drafter import (BoundedDrafter, FeatureDrafter, ObservingDrafter,
+from jspec.core.drafter import (BlockDrafter, BoundedDrafter, FeatureDrafter, ObservingDrafter,
                                 TreeCheckingDrafter, TreeDrafter, target_for)
 from jspec.drafters import dflash as DF
 from jspec.io import drafter_layouts as PD
@@ -64,11 +64,22 @@ def drafter(target):
 
 def test_capabilities(drafter):
   for protocol in (FeatureDrafter, ObservingDrafter, TreeDrafter, TreeCheckingDrafter,
-                   BoundedDrafter):
+                   BoundedDrafter, BlockDrafter):
     assert isinstance(drafter, protocol), protocol.__name__
   assert drafter.max_draft_tokens == BS - 1 and drafter.feature_layers == (0, 1)
   leaves = jax.tree_util.tree_leaves(drafter)
   assert any(x is drafter.embed for x in leaves)  # the target's table, a leaf (not copied)
+
+
+def test_auto_prices_one_pass_whatever_k(target, drafter):
+  """"auto"'s prior: a DFlash round is one pass of its block (`BlockDrafter`), the same at
+  every K, where a head drafting one token a pass costs K passes."""
+  from jspec.planner import cost_model
+  rates = cost_model.DeviceRates(bandwidth=1e10, rows=(1, 512), compute=(1e10, 1e12))
+  times = [cost_model.drafter_time(drafter, 2, k, 64, rates) for k in (1, 2, 3)]
+  assert times[0] > 0 and times[0] == times[1] == times[2]
+  costs = cost_model.prior_costs(target, drafter, 2, 64, (0, 1, 3), rates)
+  assert costs[2] > costs[1] > costs[0] > 0  # the verify still grows with K
 
 
 @pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow), 3])

@@ -42,6 +42,10 @@ treatment of jspec's own:
         a drafter that drafts at most that many tokens a round (DFlash: its block's mask
         slots): the planner refuses a larger K, "auto"'s largest choice or a deeper tree
         before tracing.
+    BlockDrafter: draft_block: int
+        a drafter that makes all of a round's drafts in one pass over its weights, of
+        draft_block positions per row, whatever K (DFlash: its block): `"auto"`'s prior
+        prices its round as that one pass, not K of them.
     DynamicTreeDrafter: propose_dynamic(state, context, budget, params, keys)
         -> (candidates, row_tree, state): a tree per row within the static budget
         `jspec.core.dynamic_tree.DynamicTree`, grown from the drafter's confidences,
@@ -194,6 +198,14 @@ class BoundedDrafter(Protocol):
   slots of its block); the planner checks K against it before tracing."""
 
   max_draft_tokens: int
+
+
+@runtime_checkable
+class BlockDrafter(Protocol):
+  """A drafter whose round is one pass of `draft_block` positions per row over its weights,
+  whatever K (DFlash); `"auto"`'s prior prices it so."""
+
+  draft_block: int
 
 
 @runtime_checkable

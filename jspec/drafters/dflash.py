@@ -59,7 +59,8 @@ class DFlash:
 
   A pytree (params and the target's tables are leaves; the config static), usable as a
   `jspec` drafter: a `FeatureDrafter` (it reads `feature_layers` of the target), an
-  `ObservingDrafter`, a `TreeDrafter` and `TreeCheckingDrafter`, and a `BoundedDrafter`.
+  `ObservingDrafter`, a `TreeDrafter` and `TreeCheckingDrafter`, a `BoundedDrafter` and a
+  `BlockDrafter`.
   """
 
   params: Any  # see `param_shapes`
@@ -114,6 +115,11 @@ class DFlash:
   def feature_layers(self) -> tuple[int, ...]:
     """The target layers fused into the context (`FeatureDrafter`)."""
     return self.config.feature_layers
+
+  @property
+  def draft_block(self) -> int:
+    """`BlockDrafter`: a round is one pass of the block, bs positions per row, whatever K."""
+    return int(self.config.block_size)
 
   @property
   def max_draft_tokens(self) -> int:
