@@ -13,7 +13,7 @@ The package, in layers (docs/architecture.md; each imports only those below it):
     jspec.io        checkpoints, Hugging Face and GGUF, tokenizers, Flax adapters
     jspec.planner   the host side of a call: inputs, plan, placement, round costs
     jspec.drafters  draft model, n-gram, datastore, suffix, token recycling, lookahead,
-                    Medusa, EAGLE, MTP
+                    Medusa, EAGLE, MTP, DFlash
     jspec.models    the model zoo (reference decoder, Hugging Face and GGUF converters)
     jspec.core      the model contract, decode state, rounds, acceptance, the programs
 
@@ -32,6 +32,8 @@ _EXPORTS = {
     "AutoK": "jspec.core.schedule",
     "Constraint": "jspec.core.constraint",
     "Datastore": "jspec.drafters.datastore",
+    "DFlash": "jspec.drafters.dflash",
+    "DFlashConfig": "jspec.drafters.dflash",
     "DraftModel": "jspec.drafters.draft_model",
     "Drafter": "jspec.core.drafter",
     "DynamicTree": "jspec.core.dynamic_tree",

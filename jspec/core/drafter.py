@@ -34,6 +34,18 @@ treatment of jspec's own:
         candidates [B, N-1] int32: the token of each non-root node of the static
         `jspec.core.tree.Tree` (node i at column i-1), chosen deterministically (by
         rank), so that tree acceptance is exact without draft probabilities.
+    TreeCheckingDrafter: check_tree(tree) -> None
+        a tree drafter that drafts only some static trees: the planner asks it before
+        tracing, and it raises ValueError saying why (token recycling: ranks below its
+        top_k; DFlash: depth within its block).
+    BoundedDrafter: max_draft_tokens: int
+        a drafter that drafts at most that many tokens a round (DFlash: its block's mask
+        slots): the planner refuses a larger K, "auto"'s largest choice or a deeper tree
+        before tracing.
+    BlockDrafter: draft_block: int
+        a drafter that makes all of a round's drafts in one pass over its weights, of
+        draft_block positions per row, whatever K (DFlash: its block): `"auto"`'s prior
+        prices its round as that one pass, not K of them.
     DynamicTreeDrafter: propose_dynamic(state, context, budget, params, keys)
         -> (candidates, row_tree, state): a tree per row within the static budget
         `jspec.core.dynamic_tree.DynamicTree`, grown from the drafter's confidences,
@@ -178,6 +190,22 @@ class TreeCheckingDrafter(Protocol):
 
   def check_tree(self, tree: Any) -> None:
     """Raise ValueError, saying why, when this drafter cannot draft `tree`."""
+
+
+@runtime_checkable
+class BoundedDrafter(Protocol):
+  """A drafter that drafts at most `max_draft_tokens` tokens a round (DFlash: the mask
+  slots of its block); the planner checks K against it before tracing."""
+
+  max_draft_tokens: int
+
+
+@runtime_checkable
+class BlockDrafter(Protocol):
+  """A drafter whose round is one pass of `draft_block` positions per row over its weights,
+  whatever K (DFlash); `"auto"`'s prior prices it so."""
+
+  draft_block: int
 
 
 @runtime_checkable

@@ -7,10 +7,13 @@ The layout is read from the directory's config.json (and, for EAGLE-1, the tenso
     eagle1        EAGLE-1/2, SafeAILab (`fc` over [embedding; hidden], `layers.0.*`)
     medusa        Medusa heads, medusa-llm (`medusa_num_heads`, medusa_lm_head.pt)
     speculators-mtp  MTP modules, vLLM speculators (`speculators_model_type: "mtp"`)
+    speculators-dflash  DFlash, vLLM speculators (`speculators_model_type: "dflash"`)
+    zlab-dflash   DFlash, z-lab (`architectures: ["DFlashDraftModel"]`, `dflash_config`)
 
-Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`, `jspec.MTP`), checked against the
-target before any tracing: hidden size, vocabulary, auxiliary layers, every tensor's name
-and shape, the draft vocabulary map. docs/published_drafters.md lists what is verified.
+Each loads into jspec's own drafters (`jspec.Eagle`, `jspec.Medusa`, `jspec.MTP`,
+`jspec.DFlash`), checked against the target before any tracing: hidden size, vocabulary,
+auxiliary layers, every tensor's name and shape, the draft vocabulary map.
+docs/published_drafters.md lists what is verified.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 from jspec.core.model import Model
 from jspec.models.hf import CheckpointError
+from jspec.io import layout_dflash as dflash
 from jspec.io import layout_eagle1 as eagle1
 from jspec.io import layout_eagle3 as eagle3
 from jspec.io import layout_medusa as medusa
@@ -40,6 +44,8 @@ LAYOUTS = {
                    ".safetensors)",
     mtp.LAYOUT: "MTP module, vLLM speculators (config speculators_model_type \"mtp\", tensors "
                 "mtp_layers.0.*)",
+    dflash.SPECULATORS: "DFlash, vLLM speculators (config speculators_model_type \"dflash\")",
+    dflash.ZLAB: "DFlash, z-lab (config architectures [\"DFlashDraftModel\"], dflash_config)",
 }
 FORMATS = (eagle3.SPECULATORS, eagle3.SPECFORGE, eagle1.LAYOUT, medusa.LAYOUT)
 
@@ -71,6 +77,9 @@ def detect_layout(path) -> str | None:
   """The layout of directory `path` (a key of LAYOUTS), or None when its config.json is
   none of them (no tensors are read, except EAGLE-1's headers)."""
   path, cfg = read_config(path)
+  kind = dflash.detect(cfg)
+  if kind is not None:
+    return kind
   if "speculators_model_type" in cfg:
     kind = cfg["speculators_model_type"]
     return {"eagle3": eagle3.SPECULATORS, "mtp": mtp.LAYOUT}.get(kind)
@@ -118,8 +127,8 @@ def _local(name: str) -> str:
 
 def load_drafter(path, target: Model, dtype=None):
   """The drafter in directory `path` (any layout of LAYOUTS; or a Hub repo id, downloaded when
-  no such directory exists) for `target`: a `jspec.Eagle`
-  (EAGLE-3 or EAGLE-1/2), a `jspec.MTP` or a `jspec.Medusa`.
+  no such directory exists) for `target`: a `jspec.Eagle` (EAGLE-3 or EAGLE-1/2), a
+  `jspec.MTP`, a `jspec.Medusa` or a `jspec.DFlash`.
 
   dtype: cast floating-point params to it (e.g. "float32"); None keeps the stored dtype.
   Raises a clear error naming the file, before any tracing, when the drafter does not fit
@@ -147,6 +156,8 @@ def load_drafter(path, target: Model, dtype=None):
   dtype = None if dtype is None else jnp.dtype(dtype)
   if layout in (eagle3.SPECFORGE, eagle3.SPECULATORS):
     return eagle3.load(path, cfg, layout, target, dtype)
+  if layout in (dflash.SPECULATORS, dflash.ZLAB):
+    return dflash.load(path, cfg, layout, target, dtype)
   if layout == eagle1.LAYOUT:
     return eagle1.load(path, cfg, T.open_tensors(path), target, dtype)
   if layout == mtp.LAYOUT:
@@ -155,17 +166,24 @@ def load_drafter(path, target: Model, dtype=None):
 
 
 def export_drafter(drafter, out, fmt: str, *, dtype="float32", verifier: str | None = None):
-  """Write `drafter` (a `jspec.Eagle` or `jspec.Medusa`, e.g. from `jspec.io.shipped` or a
-  saved head attached to its target) into the new directory `out` in layout `fmt`
-  (FORMATS): "speculators" or "specforge" for EAGLE-3 heads, "eagle1" for EAGLE-1 heads,
-  "medusa" for Medusa heads; "speculators" writes MTP modules in speculators' MTP layout. verifier: the target's name or path recorded in the config.
+  """Write `drafter` (a `jspec.Eagle`, `jspec.MTP`, `jspec.Medusa` or `jspec.DFlash`, e.g. from
+  `jspec.io.shipped` or a saved head attached to its target) into the new directory `out` in
+  layout `fmt` (FORMATS): "speculators" for EAGLE-3 heads, MTP modules (speculators' MTP
+  layout) and DFlash drafters, "specforge" for EAGLE-3 heads, "eagle1" for EAGLE-1 heads,
+  "medusa" for Medusa heads. verifier: the target's name or path recorded in the config.
   Returns the absolute path written."""
+  from jspec.drafters.dflash import DFlash
   from jspec.drafters.eagle import Eagle
   from jspec.drafters.medusa import Medusa
 
   if fmt not in FORMATS:
     raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
   dt = np.dtype(jnp.dtype("float32" if dtype is None else dtype))  # bf16: ml_dtypes' type
+  if isinstance(drafter, DFlash):
+    if fmt != eagle3.SPECULATORS:
+      raise ValueError(f"DFlash drafters are written in the speculators layout "
+                       f"(--format speculators), not {fmt!r}")
+    return dflash.export(drafter, out, dtype=dt, verifier=verifier)
   if fmt == medusa.LAYOUT:
     if not isinstance(drafter, Medusa):
       raise ValueError(f"--format medusa writes Medusa heads, got {type(drafter).__name__}")

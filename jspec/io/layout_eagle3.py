@@ -132,7 +132,7 @@ def _prefix(layout: str) -> str:
   return "midlayer." if layout == SPECFORGE else "layers.0."
 
 
-def _draft_ids(tensors: T.Tensors, N: int, V: int) -> np.ndarray:
+def draft_ids(tensors: T.Tensors, N: int, V: int) -> np.ndarray:
   """The target ids of the N draft ids, from d2t (offsets), checked against t2d."""
   if "d2t" not in tensors.names:
     if N != V:
@@ -197,7 +197,7 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> Eagle:
   params = {"fuse": {"kernel": linear("fc.weight", D, n * D)},
             "norm": {"scale": tensors.get("norm.weight", (D,), what)}, "layer": layer}
   rows = tensors.get("lm_head.weight", (N, D), f"{where} (draft_vocab_size {N}, hidden {D})")
-  ids = _draft_ids(tensors, N, V)
+  ids = draft_ids(tensors, N, V)
   embed = None
   if "embed_tokens.weight" in tensors.names:  # the head's own copy of the target's embedding
     embed = tensors.get("embed_tokens.weight", (V, D), f"{where} (vocab {V}, hidden {D})")

@@ -16,8 +16,8 @@ accelerator compute(r) is large and a verify costs about one step; on a small CP
 few rows already make the product compute-bound (a 5-row verify of SmolLM2-135M
 costs 2-3x a step on the 2-core machine the project is developed on), and the prior
 says so. A draft model costs K of its own steps; heads (Medusa, EAGLE) one pass over
-their weights per draft; lookup drafters (n-gram, datastore) carry no weights and
-cost nothing here.
+their weights per draft; a `BlockDrafter` (DFlash) one pass of its block per round,
+whatever K; lookup drafters (n-gram, datastore) carry no weights and cost nothing here.
 
 The prior leaves out what a round does beyond its calls (acceptance, commit, the
 loop), 20-40% of a round at batch 8-64 on XLA CPU. A profile (`jspec.tools.profile`)
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core.drafter import ModelDrafter
+from jspec.core.drafter import BlockDrafter, ModelDrafter
 from jspec.core.schedule import monotone
 from jspec.planner import cache_folder
 
@@ -325,6 +325,9 @@ def drafter_time(drafter, batch: int, k: int, cache_length: int, rates: DeviceRa
   w_bytes, w_params = _bytes_and_params(drafter)
   if not w_bytes:
     return 0.0
+  if isinstance(drafter, BlockDrafter):  # one pass of its block, whatever k (DFlash)
+    rows = batch * int(drafter.draft_block)
+    return max(w_bytes / rates.bandwidth, 2.0 * w_params * rows / rates.flops_rate(rows))
   return k * max(w_bytes / rates.bandwidth, 2.0 * w_params * batch / rates.flops_rate(batch))
 
 

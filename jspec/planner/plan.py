@@ -17,8 +17,9 @@ import os
 from typing import Any
 
 from jspec.core import schedule, sharding
-from jspec.core.drafter import (BranchDrafter, Drafter, DynamicTreeDrafter, ModelDrafter,
-                                PricedCatchUpDrafter, TreeCheckingDrafter, TreeDrafter)
+from jspec.core.drafter import (BoundedDrafter, BranchDrafter, Drafter, DynamicTreeDrafter,
+                                ModelDrafter, PricedCatchUpDrafter, TreeCheckingDrafter,
+                                TreeDrafter)
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.model import Model
 from jspec.core.tree import Tree
@@ -87,10 +88,31 @@ def speculation(target: Model, draft, num_draft_tokens, tree) -> Speculation:
                     f"use a chain (num_draft_tokens) or a tree drafter")
   if isinstance(tree, Tree) and isinstance(drafter, TreeCheckingDrafter):
     drafter.check_tree(tree)
+  if isinstance(drafter, BoundedDrafter):
+    _check_bound(drafter, K, tree)
   if tree is not None and sharding.model_axes(target) is None:
     raise ValueError("tree decoding needs the target's cache axes (Model.axes_fn) to find "
                      "the slot axis of its K/V buffers")
   return Speculation(drafter=drafter, k=K, tree=tree, side=side)
+
+
+def _check_bound(drafter, K, tree) -> None:
+  """Refuse a K (a chain's, "auto"'s largest choice or a tree's depth) past what a
+  `BoundedDrafter` drafts in a round."""
+  bound = int(drafter.max_draft_tokens)
+  deepest = K.max_k if isinstance(K, schedule.AutoK) else int(K)
+  if deepest <= bound:
+    return
+  name = type(drafter).__name__
+  if tree is not None:
+    raise ValueError(f"the tree is {deepest} deep, but {name} drafts at most {bound} tokens "
+                     f"a round")
+  if isinstance(K, schedule.AutoK):
+    raise ValueError(f"num_draft_tokens=\"auto\" may draft up to {deepest}, but {name} drafts "
+                     f"at most {bound} tokens a round: give jspec.AutoK(choices=...) with "
+                     f"choices <= {bound}")
+  raise ValueError(f"num_draft_tokens={deepest}, but {name} drafts at most {bound} tokens a "
+                   f"round")
 
 
 _DECODING_DRAFTERS: dict = {}

@@ -157,7 +157,8 @@ def drafter_from_dir(path: str, target):
   """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), a
   draft model that borrows the target's embedding (`jspec.io.draft_checkpoint`), a head
   published in another project's layout (`jspec.io.drafter_layouts`: EAGLE-3 from SpecForge or
-  speculators, EAGLE-1/2, Medusa), or a draft model in any checkpoint `jspec.load` reads."""
+  speculators, EAGLE-1/2, Medusa, DFlash from speculators or z-lab), or a draft model in any
+  checkpoint `jspec.load` reads."""
   import jspec
   from jspec.drafters import eagle, medusa
   from jspec.io import draft_checkpoint

@@ -315,9 +315,9 @@ def export_hf(args) -> int:
 
 
 def export_drafter(args) -> int:
-  """A drafter folder (a jspec EAGLE or Medusa head, or a published one) -> another project's
-  layout (`jspec.io.drafter_layouts.export_drafter`), attached to --target first: the layouts hold
-  the target's embedding and output rows the heads read."""
+  """A drafter folder (a jspec EAGLE or Medusa head, or a published one, DFlash included) ->
+  another project's layout (`jspec.io.drafter_layouts.export_drafter`), attached to --target
+  first: the layouts hold the target's embedding and output rows the heads read."""
   from jspec.io import drafter_layouts as published
   from jspec.tools import chat as chat_lib
 

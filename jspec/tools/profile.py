@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jspec.core import decode
 from jspec.planner import call_times, cost_model
-from jspec.core.drafter import DraftContext
+from jspec.core.drafter import DraftContext, target_for
 from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
 from jspec.core.schedule import AutoK, monotone
@@ -82,8 +82,11 @@ def _measure_costs(role: str, obj, vocab_size: int, batch: int, cache_length: in
         state = dataclasses.replace(state, lengths=lengths + i % 2,
                                     done=jnp.zeros((B,), jnp.bool_))
         target, drafter = models
-        state, _ = decode.decode_round(target, drafter if k else None, state,
-                                    dataclasses.replace(config, num_draft_tokens=k))
+        # A plain round still returns the features the drafter reads (a fused drafter's
+        # width), as the state was built with: the target as the drafter reads it.
+        state, _ = decode.decode_round(target if k else target_for(target, drafter),
+                                       drafter if k else None, state,
+                                       dataclasses.replace(config, num_draft_tokens=k))
         return state, state.lengths
 
       loops[k] = whole_round
