@@ -88,11 +88,12 @@ def load_example(name):
   return module
 
 
-def numpy_drawn_target(vocab_size, output_scale=0.5, seed=0):
-  """A random 2-layer `tiny_config` decoder drawn with NumPy (no random-number program to
-  compile): norms 1, matrices N(0, 0.5), except the attention and MLP output projections,
-  N(0, output_scale) (small: a model close to a bigram model, which heads learn fast)."""
-  config = tiny_config(vocab_size=vocab_size, scale=0.5)
+def numpy_drawn_target(vocab_size, output_scale=0.5, seed=0, layers=2):
+  """A random `tiny_config` decoder (2 layers by default) drawn with NumPy (no random-number
+  program to compile): norms 1, matrices N(0, 0.5), except the attention and MLP output
+  projections, N(0, output_scale) (small: a model close to a bigram model, which heads learn
+  fast)."""
+  config = tiny_config(vocab_size=vocab_size, scale=0.5, layers=layers)
   shapes = jax.eval_shape(lambda: jspec.models.init_params(config, jax.random.key(0)))
   rng = np.random.default_rng(seed)
 

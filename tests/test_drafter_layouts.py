@@ -24,7 +24,9 @@ V, D, H, HKV, DH, F = 40, 32, 4, 2, 8, 64
 
 @pytest.fixture(scope="module")
 def target():
-  return numpy_drawn_target(V)
+  # 3 layers: the heads read layers 0 and 1, and speculators' ids for them (1, 2) name layer
+  # outputs; its id 3 (= L) would be the final normed hidden state, which the loader refuses
+  return numpy_drawn_target(V, layers=3)
 
 
 def _rng(seed):
@@ -326,12 +328,16 @@ def test_bad_input_is_a_clear_error(target, tmp_path):
   _edit_config(d, vocab_size=V + 1)
   with pytest.raises(ValueError, match=r"vocabulary size 41, but the target's is 40"):
     jspec.load_drafter(d, target)
-  d = specforge_dir(tmp_path / "aux", layers=(0, 1, 2))
-  with pytest.raises(ValueError, match=r"auxiliary layer ids \[0, 1, 2\] do not fit the "
-                                       r"target's 2 layers"):
+  d = specforge_dir(tmp_path / "aux", layers=(0, 1, 3))
+  with pytest.raises(ValueError, match=r"auxiliary layer ids \[0, 1, 3\] do not fit the "
+                                       r"target's 3 layers"):
     jspec.load_drafter(d, target)
   d = speculators_dir(tmp_path / "aux0", layers=(0, 1, 2))
   with pytest.raises(ValueError, match=r"id 0, the embeddings"):
+    jspec.load_drafter(d, target)
+  d = speculators_dir(tmp_path / "auxL", layers=(1, 2, 3))  # id 3 = L: after the final norm
+  with pytest.raises(ValueError, match=r"ids must lie in \[1, 2\].*final hidden state after "
+                                       r"the norm"):
     jspec.load_drafter(d, target)
   d = specforge_dir(tmp_path / "d2t")
   d2t = (np.asarray(DRAFT_IDS) - np.arange(len(DRAFT_IDS))).astype(np.int64)
@@ -377,7 +383,7 @@ def test_command_line_drafter_resolution(target, tmp_path):
 
   assert isinstance(chat.drafter_for(target, specforge_dir(tmp_path / "sf")), jspec.Eagle)
   assert isinstance(chat.drafter_for(target, medusa_dir(tmp_path / "md")), jspec.Medusa)
-  big = jspec.models.init(tiny_config(vocab_size=V, hidden=48, heads=4), seed=0)
+  big = jspec.models.init(tiny_config(vocab_size=V, hidden=48, heads=4, layers=3), seed=0)
   with pytest.raises(SystemExit, match=r"--drafter .*sp cannot draft for the target: .*hidden "
                                        r"size 32, but the target's is 48"):
     chat.drafter_for(big, speculators_dir(tmp_path / "sp"))

@@ -50,12 +50,16 @@ def _feature_layers(ids, target, shift: int, where: str, default) -> tuple[int, 
     ids = default(L)
   ids = [int(i) for i in ids]
   layers = tuple(i - shift for i in ids)
-  if L is not None and any(not 0 <= j < L for j in layers):
-    lo, hi = shift, L - 1 + shift
+  # speculators' ids index Hugging Face's hidden_states, whose last entry (id L) is the final
+  # hidden state after the model's norm, not the last layer's output: refused, not misread.
+  top = L - 2 if shift else L - 1
+  if L is not None and any(not 0 <= j <= top for j in layers):
+    lo, hi = shift, top + shift
     raise CheckpointError(f"{where}: auxiliary layer ids {ids} do not fit the target's {L} "
                           f"layers (this layout's ids must lie in [{lo}, {hi}]"
-                          + (": id 0, the embeddings, and id L, the final hidden state, are "
-                             "not layer outputs jspec reads" if shift else "") + ")")
+                          + (": id 0, the embeddings, and id L, the final hidden state after "
+                             "the norm, are not layer outputs jspec reads" if shift else "")
+                          + ")")
   return layers
 
 
