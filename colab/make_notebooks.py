@@ -729,32 +729,38 @@ context.'''),
 
 Drafters trained by other projects load into jspec with `jspec.load_drafter(hub_id, target)`:
 EAGLE-3 heads in the SpecForge / SafeAILab layout (served by SGLang) and in vLLM speculators'
-layout, EAGLE-1/2 heads, Medusa heads and speculators' MTP modules (see
-`docs/published_drafters.md`). The cell below runs in hub mode only: it loads a Qwen3 target
-and an EAGLE-3 head published for it (Tengyunw/qwen3_8b_eagle3, a SpecForge-layout head whose
-authors report Qwen3-8B going from 187 to 365 tokens/s in SGLang on one H200), checks that the
-greedy output equals the target's own, and measures tau. It needs about 20 GiB of accelerator
+layout, EAGLE-1/2 heads, Medusa heads and speculators' MTP modules and DFlash drafters (see
+`docs/published_drafters.md`). The cell below runs in hub mode only: it loads Qwen3 targets
+and drafters published for them, an EAGLE-3 head (Tengyunw/qwen3_8b_eagle3, SpecForge's layout;
+its authors report Qwen3-8B going from 187 to 365 tokens/s in SGLang on one H200) and a DFlash
+block drafter (z-lab/Qwen3-4B-DFlash-b16), checks that the greedy output equals the target's
+own, and measures tau. It needs about 20 GiB of accelerator
 memory (bf16).'''),
     code('''\
 import numpy as np
 
-PUBLISHED = ("Qwen/Qwen3-8B", "Tengyunw/qwen3_8b_eagle3")  # (target, EAGLE-3 head)
+# (target, drafter published for it, K): an EAGLE-3 head in SpecForge's layout, and a DFlash
+# block drafter in z-lab's (blocks of 16: up to 15 drafts a round)
+PUBLISHED = [("Qwen/Qwen3-8B", "Tengyunw/qwen3_8b_eagle3", 4),
+             ("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", 8)]
 
 if USE_HUB and accelerator_gib() >= 20:
-  big = jspec.load(PUBLISHED[0], dtype="bfloat16", mesh=MESH, rules=sharding.TENSOR_PARALLEL)
-  head = jspec.load_drafter(PUBLISHED[1], big, dtype="bfloat16")
-  print(type(head).__name__, "reading target layers", head.feature_layers)
-  qwen3 = [big.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
-                                             add_generation_prompt=True, enable_thinking=False)
-           for q in CHAT_PROMPTS[:2]]
-  plain = jspec.generate(big, qwen3[:1], max_new_tokens=64, mesh=MESH)
-  fast = jspec.speculative_generate(big, head, qwen3[:1], num_draft_tokens=4,
-                                    max_new_tokens=64, mesh=MESH)
-  print("greedy output equal to the target's:",
-        bool(np.array_equal(np.asarray(plain.tokens), np.asarray(fast.tokens))))
-  published = measure.measure(big, head, qwen3, ks=(2, 4), max_new_tokens=128, batch_size=1,
-                              repeats=2)
-  print(measure.format_table(published))
+  for target_id, drafter_id, k in PUBLISHED:
+    big = jspec.load(target_id, dtype="bfloat16", mesh=MESH, rules=sharding.TENSOR_PARALLEL)
+    head = jspec.load_drafter(drafter_id, big, dtype="bfloat16")
+    print(drafter_id, "->", type(head).__name__, "reading target layers", head.feature_layers)
+    qwen3 = [big.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
+                                               add_generation_prompt=True, enable_thinking=False)
+             for q in CHAT_PROMPTS[:2]]
+    plain = jspec.generate(big, qwen3[:1], max_new_tokens=64, mesh=MESH)
+    fast = jspec.speculative_generate(big, head, qwen3[:1], num_draft_tokens=k,
+                                      max_new_tokens=64, mesh=MESH)
+    print("greedy output equal to the target's:",
+          bool(np.array_equal(np.asarray(plain.tokens), np.asarray(fast.tokens))))
+    published = measure.measure(big, head, qwen3, ks=(k,), max_new_tokens=128, batch_size=1,
+                                repeats=2)
+    print(measure.format_table(published))
+    del big, head
 else:
   print("skipped: needs hub mode and about 20 GiB of accelerator memory")'''),
 ]
