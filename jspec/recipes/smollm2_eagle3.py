@@ -24,6 +24,16 @@ Stages, each cached in `--work` so a rerun resumes where it stopped:
    (`checkpoints/chat_prompts.json`, none of them seen in training) at batch 1, greedy,
    K = 4 chain through `jspec.speculative_generate`, output checked equal to
    `jspec.generate`.
+
+With `--answers DIR` stages 1-3 read an answer store instead (`jspec.recipes.answers`, e.g.
+`data/smollm2_answers`: the target's answers to code, prose, math and chat prompts) through
+`jspec.recipes.answer_windows`: one window per row, the loss on answer positions only, a seeded
+held-out split, `--max-windows` to cap the training windows. `--form published` trains the
+layer the published EAGLE-3 layouts hold (`input_form="concat"`, `zero_pair=False`), which
+`jspec export-drafter --format speculators|specforge` writes; the default is jspec's own layer.
+
+    python -m jspec.recipes.smollm2_eagle3 --out DIR --answers data/smollm2_answers \
+        --form published --window 384 --heldout 64 --steps 1600
 """
 
 from __future__ import annotations
