@@ -62,6 +62,7 @@ MODULES = (
     "jspec.core.nn",
     "jspec.recipes.code_pair",
     "jspec.recipes.smollm2_eagle3",
+    "jspec.recipes.answer_windows",
     "jspec.recipes.smollm2_draft",
     "jspec.recipes.smollm2",
     "jspec.training.train_eagle",
