@@ -46,6 +46,7 @@ import optax
 
 from jspec.drafters import eagle as E
 from jspec.drafters import vocab_subset
+from jspec.recipes import answer_windows
 from jspec.training import train_eagle as TE
 from jspec.training import trainer
 
@@ -306,6 +307,31 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
 # ----------------------------------------------------------------------------- command
 
 
+def data_summary(args, data, train_rows, n: int) -> dict:
+  """The manifest's account of the training data."""
+  if not args.answers:
+    return {"prompts": int(n), "heldout_windows": int(args.heldout),
+            "templates": [k for k, _ in TEMPLATES], "source": "CPython standard library "
+            "train split (jspec.training.corpus), the target's own answers (3/4 greedy, "
+            "1/4 T = 0.8)", "answer_tokens": int(data["answer_lengths"].sum()),
+            "window": args.window}
+  from jspec.recipes import answers
+
+  totals = answers.read_manifest(args.answers)["totals"]
+  kinds, counts = np.unique(data["kinds"][train_rows], return_counts=True)
+  return {"source": f"answer store {os.path.normpath(args.answers)} (jspec.recipes.answers: "
+          "the target's own answers, half greedy, half T = 0.8, to local prompts; evaluation "
+          "prompts excluded)", "store_rows": int(totals["rows"]),
+          "store_answer_tokens": int(totals["answer_tokens"]),
+          "train_windows": int(n), "heldout_windows": int(len(data["heldout_rows"])),
+          "max_windows": args.max_windows, "split_seed": 0, "window": args.window,
+          "train_answer_tokens": int(data["answer_lengths"][train_rows].sum()),
+          "train_prompt_tokens": int(data["prompt_lengths"][train_rows].sum()),
+          "loss_positions": int(data["valid"][train_rows].sum()),
+          "train_sources": {str(k): int(c) for k, c in zip(kinds, counts)},
+          "loss": "answer positions only (the prompt's are masked out)"}
+
+
 def main(argv=None) -> int:
   """Command line of `python -m jspec.recipes.smollm2_eagle3`."""
   import jspec
@@ -330,12 +356,22 @@ def main(argv=None) -> int:
   parser.add_argument("--ttt", type=int, default=3)
   parser.add_argument("--eval-prompts", type=int, default=4, help="held-out chat prompts per kind")
   parser.add_argument("--eval-tokens", type=int, default=96)
+  parser.add_argument("--answers", default=None, metavar="DIR",
+                      help="train on an answer store (jspec.recipes.answers) instead of "
+                           "generating code answers; --prompts/--max-prompt/--new-tokens unused")
+  parser.add_argument("--max-windows", type=int, default=None,
+                      help="with --answers: at most this many training windows (default all)")
+  parser.add_argument("--form", choices=("jspec", "published"), default="jspec",
+                      help="EAGLE-3 layer: jspec's (fc input, zero pair) or the published one "
+                           "(input_form='concat', zero_pair=False), which export-drafter writes")
   parser.add_argument("--stages", default="data,train,measure")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args(argv)
   command = "python -m jspec.recipes.smollm2_eagle3 " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
   stages = set(args.stages.split(","))
+  if args.form == "published" and args.kind != "eagle3":
+    raise SystemExit("--form published is an EAGLE-3 layer; use it with --kind eagle3")
 
   path = args.target or demo.smollm2_path()
   if path is None:
@@ -348,20 +384,29 @@ def main(argv=None) -> int:
   timings = {}
 
   t0 = time.perf_counter()
-  data = ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,
-                     new_tokens=args.new_tokens, window=args.window, layers=stored)
+  if args.answers:
+    data = answer_windows.ensure_answer_data(
+        target, args.work, args.answers, _features, window=args.window, heldout=args.heldout,
+        max_windows=args.max_windows, layers=fused if args.kind == "eagle3" else stored,
+        progress=not args.no_progress)
+    held_rows, train_rows = data["heldout_rows"], data["train_rows"]
+    n = len(train_rows)
+  else:
+    data = ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,
+                       new_tokens=args.new_tokens, window=args.window, layers=stored)
+    n = data["windows"].shape[0]
+    held_rows = np.arange(n - args.heldout, n)
+    train_rows = np.arange(n - args.heldout)
   timings["data"] = round(time.perf_counter() - t0, 1)
   if "train" not in stages and "measure" not in stages:
     return 0
 
-  n = data["windows"].shape[0]
-  held_rows = np.arange(n - args.heldout, n)
-  train_rows = np.arange(n - args.heldout)
-  answer_tokens = np.concatenate([data["windows"][i, p:p + a] for i, (p, a) in enumerate(
-      zip(data["prompt_lengths"][train_rows], data["answer_lengths"][train_rows]))])
+  answer_tokens = np.concatenate([data["windows"][i, p:p + a] for i, p, a in zip(
+      train_rows, data["prompt_lengths"][train_rows], data["answer_lengths"][train_rows])])
   final_norm = target.params["final_norm"]
   if args.kind == "eagle3":
-    config = E.EagleConfig.for_target(target.config, feature_layers=fused)
+    form = {"input_form": "concat", "zero_pair": False} if args.form == "published" else {}
+    config = E.EagleConfig.for_target(target.config, feature_layers=fused, **form)
     columns = slice(0, len(fused) * target.config.hidden_size)
   else:
     config = E.EagleConfig.for_target(target.config)
@@ -392,11 +437,13 @@ def main(argv=None) -> int:
                                jnp.asarray(data["labels"][rows]), jnp.asarray(data["valid"][rows]))
     return {"params": p, "opt_state": o}, loss, metrics
 
+  run_name = f"train-{args.kind}" + ("-published" if args.form == "published" else "") + (
+      "-answers" if args.answers else "")
   t0 = time.perf_counter()
   run = trainer.fit({"params": params, "opt_state": opt_state}, step_fn, steps=cfg.steps,
                     tokens_per_step=cfg.batch_size * cfg.seq_len, desc=args.kind,
                     progress=not args.no_progress,
-                    checkpoint_dir=os.path.abspath(os.path.join(args.work, f"train-{args.kind}")),
+                    checkpoint_dir=os.path.abspath(os.path.join(args.work, run_name)),
                     checkpoint_every=cfg.checkpoint_every,
                     run_config={"train_config": dataclasses.asdict(cfg),
                                 "eagle_config": config.to_dict(), "vocab": args.vocab})
@@ -413,13 +460,11 @@ def main(argv=None) -> int:
       "command": command, "config": config.to_dict(),
       "parameters": int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(eagle.params))),
       "draft_vocab": None if ids is None else int(len(ids)), "stored_dtype": "bfloat16",
-      "data": {"prompts": int(n), "heldout_windows": int(args.heldout),
-               "templates": [k for k, _ in TEMPLATES], "source": "CPython standard library "
-               "train split (jspec.training.corpus), the target's own answers (3/4 greedy, "
-               "1/4 T = 0.8)", "answer_tokens": int(data["answer_lengths"].sum()),
-               "window": args.window},
+      "data": data_summary(args, data, train_rows, n),
       "train_config": dataclasses.asdict(cfg), "steps": cfg.steps,
       "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+      "loss_tokens_seen_estimate": int(round(cfg.steps * cfg.batch_size * float(
+          data["valid"][train_rows].sum(1).mean()))),
       "heldout_windows": held, "history": run.history, "wall_seconds": timings,
   }
   if "measure" in stages:

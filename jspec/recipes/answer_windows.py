@@ -1,0 +1,136 @@
+"""Training windows for a drafter from an answer store (`jspec.recipes.answers`).
+
+Each stored row (the target's prompt in its chat template, then the target's answer)
+becomes one window [T] of prompt + answer, cut at T tokens. The loss covers only the
+positions whose next token is an answer token (P - 1 .. P + A - 2 for a prompt of P and
+an answer of A ids): the head drafts answers, never prompts, though it attends over the
+prompt's pairs as it does when it drafts. Rows are split by a seeded permutation: the
+first `heldout` are held out (held-out loss and top-1), the next `max_windows` (all by
+default) are trained on. The store itself already leaves out every evaluation prompt.
+
+Features are the target's fused-layer outputs (bf16) and its argmax at every position,
+computed in chunks of similar lengths at the chunk's width rounded up to 64 (padding past
+a row's end never reaches its positions: attention is causal), and cached in the work
+directory under a name that carries every setting they depend on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from jspec.recipes import answers as A
+
+WIDTH_STEP = 64
+
+
+def store_rows(store: str) -> list[tuple[np.ndarray, np.ndarray, str]]:
+  """(prompt ids, answer ids, source) of every row of the store, in store order (each
+  shard's sha256 checked against the manifest)."""
+  manifest = A.read_manifest(store)
+  if manifest is None:
+    raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store "
+                            "(python -m jspec.recipes.answers generate --out DIR)")
+  sources = manifest.get("sources", A.SOURCES)
+  rows = []
+  for entry in manifest["shards"]:
+    shard = A.load_shard(store, entry)
+    for (prompt, answer), s in zip(A.rows_of(shard), shard["sources"]):
+      rows.append((prompt.astype(np.int32), answer.astype(np.int32), sources[int(s)]))
+  return rows
+
+
+def split(n: int, heldout: int, max_windows: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(held-out rows, training rows) of n rows: a seeded permutation's first `heldout`,
+  then the next `max_windows` (all the rest when None)."""
+  if not 0 <= heldout < n:
+    raise ValueError(f"heldout must lie in [0, {n}), got {heldout}")
+  if max_windows is not None and max_windows < 1:
+    raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+  order = np.random.default_rng(seed).permutation(n)
+  held, rest = order[:heldout], order[heldout:]
+  return np.sort(held), np.sort(rest[:max_windows])
+
+
+def windows_of(rows, window: int) -> dict:
+  """windows [N, T] int32 (prompt + answer, zero-padded), valid [N, T] (the next token is
+  an answer token inside the window), prompt_lengths and answer_lengths [N] (the answer
+  ids inside the window), kinds [N] (sources)."""
+  N = len(rows)
+  windows = np.zeros((N, window), np.int32)
+  valid = np.zeros((N, window), bool)
+  plen, alen = np.zeros((N,), np.int64), np.zeros((N,), np.int64)
+  for i, (prompt, answer, _) in enumerate(rows):
+    seq = np.concatenate([prompt, answer])[:window]
+    windows[i, :len(seq)] = seq
+    P = min(len(prompt), window)
+    plen[i], alen[i] = P, len(seq) - P
+    valid[i, max(P - 1, 0):len(seq) - 1] = True
+  return {"windows": windows, "valid": valid, "prompt_lengths": plen, "answer_lengths": alen,
+          "kinds": np.asarray([r[2] for r in rows])}
+
+
+def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarray, layers,
+                     chunk: int = 8, progress: bool = True):
+  """features [N, T, F] bf16 and labels [N, T] int32 of windows [N, T]: rows sorted by
+  length, each chunk run at its longest row rounded up to WIDTH_STEP (at most T).
+  features_fn(target, tokens [b, w], layers) -> (features [b, w, F] bf16, labels [b, w])."""
+  import jax.numpy as jnp
+  from tqdm import tqdm
+
+  N, T = windows.shape
+  order = np.argsort(lengths, kind="stable")
+  feats = labels = None
+  for i in tqdm(range(0, N, chunk), desc="features", disable=not progress):
+    rows = order[i:i + chunk]
+    width = min(T, -(-int(lengths[rows].max()) // WIDTH_STEP) * WIDTH_STEP)
+    tokens = windows[rows, :width]
+    if len(rows) < chunk:  # one static batch size: pad with copies of the first row
+      tokens = np.concatenate([tokens, np.repeat(tokens[:1], chunk - len(rows), 0)])
+    f, l = features_fn(target, jnp.asarray(tokens), tuple(layers))
+    f, l = np.asarray(f)[:len(rows)], np.asarray(l)[:len(rows)]
+    if feats is None:
+      feats = np.zeros((N, T, f.shape[-1]), f.dtype)
+      labels = np.zeros((N, T), np.int32)
+    feats[rows, :width], labels[rows, :width] = f, l
+  return feats, labels
+
+
+def ensure_answer_data(target, work: str, store: str, features_fn, *, window: int,
+                       heldout: int, max_windows: int | None, layers, seed: int = 0,
+                       progress: bool = True) -> dict:
+  """The store's windows with features, cached in `work`: windows, valid, features
+  [N, T, len(layers) * D] bf16, labels, kinds, prompt_lengths, answer_lengths [N], rows
+  (the store row of each window), heldout_rows and train_rows (indices into the arrays)."""
+  import jax.numpy as jnp
+
+  manifest = A.read_manifest(store)
+  if manifest is None:
+    raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store")
+  key = {"shards": [e["sha256"] for e in manifest["shards"]], "window": window,
+         "heldout": heldout, "max_windows": max_windows, "layers": list(layers), "seed": seed}
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+  os.makedirs(work, exist_ok=True)
+  path = os.path.join(work, f"answers-{digest}.npz")
+  if not os.path.isfile(path):
+    rows = store_rows(store)
+    held, train = split(len(rows), heldout, max_windows, seed)
+    chosen = np.concatenate([held, train])
+    data = windows_of([rows[i] for i in chosen], window)
+    lengths = data["prompt_lengths"] + data["answer_lengths"]
+    features, labels = chunked_features(features_fn, target, data["windows"], lengths, layers,
+                                        progress=progress)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, features=features.view(np.uint16), labels=labels, rows=chosen,
+             heldout_rows=np.arange(len(held)),
+             train_rows=np.arange(len(held), len(chosen)), **data)
+    os.replace(tmp, path)
+    with open(os.path.join(work, f"answers-{digest}.json"), "w") as f:
+      json.dump(key, f)
+  z = np.load(path)
+  data = {k: z[k] for k in z.files}
+  data["features"] = data["features"].view(jnp.bfloat16)
+  return data
