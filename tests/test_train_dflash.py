@@ -158,3 +158,18 @@ def test_bad_settings_are_clear_errors(target):
                     lambda s: None, progress=False)
   with pytest.raises(TypeError, match="trains a jspec.DFlash"):
     TD.check_fits(object(), TD.DFlashTrainConfig())
+
+
+def test_stored_labels_give_the_one_hot_objective(target):
+  """With the target's argmax ids as targets (stored labels, no target pass while training),
+  the loss is the KL against one-hot distributions: the logits objective on peaked logits."""
+  drafter = make_dflash(target)
+  tokens, mask = windows(target, 2, seed=4)
+  features, logits = TD.target_outputs(target, drafter, jnp.asarray(tokens))
+  key = jax.random.key(3)
+  args = (jnp.asarray(tokens), jnp.asarray(mask), features)
+  hard, m_hard = TD.dflash_loss(drafter.params, drafter, *args, jnp.argmax(logits, -1), key,
+                                4, 4.0)
+  soft, m_soft = TD.dflash_loss(drafter.params, drafter, *args, logits * 1e4, key, 4, 4.0)
+  np.testing.assert_allclose(float(hard), float(soft), rtol=1e-4)
+  assert float(m_hard["accepted_length"]) == float(m_soft["accepted_length"])

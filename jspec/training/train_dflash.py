@@ -132,14 +132,16 @@ def slot_weights(block_size: int, gamma: float) -> jax.Array:
   return jnp.where(i > 0, jnp.exp(-jnp.maximum(i - 1, 0) / gamma), 0.0)
 
 
-def dflash_loss(params, drafter: DFlash, tokens, mask, features, target_logits, key,
+def dflash_loss(params, drafter: DFlash, tokens, mask, features, targets, key,
                 anchors: int, gamma: float):
   """The block objective on one batch; returns (loss, metrics).
 
-  tokens, mask [B, T]; features [B, T, n * D]; target_logits [B, T, V] (position j's
-  distribution chose x_{j+1}). Metrics: the loss's KL without the decay, top-1 agreement of
-  slot 1 and of every slot with the target's argmax, and the greedy blocks' expected accepted
-  length."""
+  tokens [B, T]; mask [B, T] True where the position holds a token to learn (an answer
+  token); features [B, T, n * D]; targets: the target's f32 logits [B, T, V] (position j's
+  distribution chose x_{j+1}; the loss is KL(p || q)) or its argmax ids [B, T] int (stored
+  labels; the loss is the cross-entropy of q at them, KL against a one-hot p). Metrics: the
+  undecayed KL, top-1 agreement of slot 1 and of every slot with the target's argmax, and
+  the greedy blocks' expected accepted length."""
   bs = drafter.config.block_size
   T = tokens.shape[1]
   anchor, valid = draw_anchors(key, mask, anchors, bs)  # [B, A]
@@ -147,13 +149,23 @@ def dflash_loss(params, drafter: DFlash, tokens, mask, features, target_logits, 
   # slot i predicts x_{a+i} from p_{a+i-1}; slot 0 (the anchor) is never scored
   at = jnp.clip(anchor[:, :, None] + jnp.arange(bs)[None, None, :], 0, T - 1)  # [B, A, bs]
   source = jnp.clip(at - 1, 0, T - 1)
-  logits_at = jax.vmap(lambda lg, idx: lg[idx])(target_logits, source)  # [B, A, bs, V]
-  p = jax.nn.softmax(logits_at.astype(jnp.float32), axis=-1)
-  best = jnp.argmax(logits_at, axis=-1)  # [B, A, bs]
-  if drafter.ids is not None:
-    p = jnp.take(p, drafter.ids, axis=-1)  # mass outside the draft ids is unreachable
-  log_q = jax.nn.log_softmax(scores, axis=-1)
-  kl = jnp.sum(jax.scipy.special.xlogy(p, p) - p * log_q, axis=-1)  # [B, A, bs]
+  log_q = jax.nn.log_softmax(scores, axis=-1)  # [B, A, bs, V or N]
+  if jnp.issubdtype(targets.dtype, jnp.integer):  # stored argmax labels
+    best = jax.vmap(lambda lb, idx: lb[idx])(targets, source).astype(jnp.int32)  # [B, A, bs]
+    column = best
+    if drafter.ids is not None:  # the label's column among the draft ids; none: unreachable
+      match = drafter.ids[None, None, None, :] == best[..., None]
+      column = jnp.argmax(match, axis=-1)
+    kl = -jnp.take_along_axis(log_q, column[..., None], axis=-1)[..., 0]
+    if drafter.ids is not None:
+      kl = jnp.where(jnp.any(match, axis=-1), kl, 0.0)
+  else:
+    logits_at = jax.vmap(lambda lg, idx: lg[idx])(targets, source)  # [B, A, bs, V]
+    p = jax.nn.softmax(logits_at.astype(jnp.float32), axis=-1)
+    best = jnp.argmax(logits_at, axis=-1)  # [B, A, bs]
+    if drafter.ids is not None:
+      p = jnp.take(p, drafter.ids, axis=-1)  # mass outside the draft ids is unreachable
+    kl = jnp.sum(jax.scipy.special.xlogy(p, p) - p * log_q, axis=-1)  # [B, A, bs]
   scored = (valid[:, :, None] & jnp.take_along_axis(mask, at.reshape(mask.shape[0], -1), axis=1)
             .reshape(at.shape) & (jnp.arange(bs) > 0)[None, None, :])
   scored = scored.astype(jnp.float32)
@@ -202,6 +214,24 @@ def make_step(cfg: DFlashTrainConfig):
   return optimizer, step
 
 
+@functools.lru_cache(maxsize=8)
+def make_stored_step(cfg: DFlashTrainConfig):
+  """(optimizer, jitted step) for stored data: step(params, opt_state, drafter, tokens, mask,
+  features, targets, key), features [B, T, n * D] and targets (logits or argmax ids) kept from
+  one pass of the target, which is not run again."""
+  optimizer = trainer.make_optimizer(cfg)
+
+  @jax.jit
+  def step(params, opt_state, drafter, tokens, mask, features, targets, key):
+    (loss, metrics), grads = jax.value_and_grad(dflash_loss, has_aux=True)(
+        params, drafter, tokens, mask, features.astype(jnp.float32), targets, key,
+        cfg.anchors, cfg.gamma)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, metrics
+
+  return optimizer, step
+
+
 # ----------------------------------------------------------------------------- runs
 
 
@@ -236,26 +266,34 @@ def train_dflash(target, drafter: DFlash, cfg: DFlashTrainConfig,
                  evaluate_fn: Callable[[DFlash], dict] | None = None, eval_every: int = 0):
   """Train `drafter`'s params on the frozen `target`; returns (trained DFlash, `trainer.Fit`).
 
-  batch_fn(step) -> (tokens [B, T] int32, loss mask [B, T] bool): a pure function of the
-  step, so a run resumed from `checkpoint_dir` (orbax, every `cfg.checkpoint_every` steps)
+  batch_fn(step) -> (tokens [B, T] int32, loss mask [B, T] bool), the target then run in
+  each step for the features and distributions, or (tokens, mask, features [B, T, n * D],
+  targets) with stored ones (`dflash_loss`); a pure function of the step, so a run resumed from `checkpoint_dir` (orbax, every `cfg.checkpoint_every` steps)
   continues exactly where an uninterrupted one would be. The anchors of step s come from
   `cfg.seed` and s alone."""
   check_fits(drafter, cfg)
   optimizer, step = make_step(cfg)
+  _, stored_step = make_stored_step(cfg)
   base = jax.random.key(cfg.seed)
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), drafter.params)
-  state = {"params": params, "opt_state": optimizer.init(params)}
+  with jax.numpy_dtype_promotion("standard"):
+    state = {"params": params, "opt_state": optimizer.init(params)}
 
   def step_fn(state, s):
-    tokens, mask = batch_fn(s)
-    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    batch = batch_fn(s)
+    tokens, mask = np.asarray(batch[0]), np.asarray(batch[1])
     want = (cfg.batch_size, cfg.seq_len)
     if tokens.shape != want or mask.shape != want:
       raise ValueError(f"batch_fn({s}) gave tokens {tokens.shape} and mask {mask.shape}; the "
                        f"config asks for {want}")
-    p, o, loss, metrics = step(state["params"], state["opt_state"], drafter, target,
-                               jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool),
-                               jax.random.fold_in(base, s))
+    key = jax.random.fold_in(base, s)
+    tokens, mask = jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, bool)
+    if len(batch) == 4:  # stored features and targets
+      p, o, loss, metrics = stored_step(state["params"], state["opt_state"], drafter, tokens,
+                                        mask, jnp.asarray(batch[2]), jnp.asarray(batch[3]), key)
+    else:
+      p, o, loss, metrics = step(state["params"], state["opt_state"], drafter, target, tokens,
+                                 mask, key)
     return {"params": p, "opt_state": o}, loss, metrics
 
   run_config = {"kind": "dflash", "config": dataclasses.asdict(cfg),
