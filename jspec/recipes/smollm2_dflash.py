@@ -77,6 +77,9 @@ def main(argv=None) -> int:
   parser.add_argument("--window", type=int, default=384)
   parser.add_argument("--heldout", type=int, default=64)
   parser.add_argument("--max-windows", type=int, default=None)
+  parser.add_argument("--train-fraction", type=float, default=1.0,
+                      help="train on this seeded share of the training windows (a learning "
+                           "curve over data size; the feature cache is shared)")
   parser.add_argument("--layers", type=int, default=1, help="the drafter's decoder layers")
   parser.add_argument("--block", type=int, default=8, help="block size (drafts <= block - 1)")
   parser.add_argument("--vocab", type=int, default=4096, help="draft ids (0: all)")
@@ -106,6 +109,11 @@ def main(argv=None) -> int:
   data["features"] = data["features"][..., :len(fused) * target.config.hidden_size]
   timings["data"] = round(time.perf_counter() - t0, 1)
   held_rows, train_rows = data["heldout_rows"], data["train_rows"]
+  if not 0 < args.train_fraction <= 1:
+    raise SystemExit(f"--train-fraction must lie in (0, 1], got {args.train_fraction}")
+  if args.train_fraction < 1:
+    keep = max(1, int(round(args.train_fraction * len(train_rows))))
+    train_rows = np.sort(np.random.default_rng(1).permutation(train_rows)[:keep])
   # mask[j]: position j holds an answer token (the store's `valid` marks j - 1)
   masks = np.zeros_like(data["valid"])
   masks[:, 1:] = data["valid"][:, :-1]
@@ -135,7 +143,8 @@ def main(argv=None) -> int:
     return (data["windows"][rows], masks[rows], data["features"][rows], data["labels"][rows])
 
   t0 = time.perf_counter()
-  run_dir = os.path.abspath(os.path.join(args.work, f"train-dflash-{args.layers}x{args.block}"))
+  run_dir = os.path.abspath(os.path.join(
+      args.work, f"train-dflash-{args.layers}x{args.block}-{args.steps}-{args.train_fraction:g}"))
   trained, run = TD.train_dflash(target, drafter, cfg, batch_fn, checkpoint_dir=run_dir,
                                  progress=not args.no_progress)
   timings["train"] = round(time.perf_counter() - t0, 1)
@@ -153,7 +162,8 @@ def main(argv=None) -> int:
       "draft_vocab": None if trained.ids is None else int(trained.ids.shape[0]),
       "stored_dtype": "bfloat16",
       "data": {"source": f"answer store {os.path.normpath(args.answers)}",
-               "training_windows": int(len(train_rows)), "heldout_windows": int(len(held_rows)),
+               "training_windows": int(len(train_rows)),
+               "train_fraction": args.train_fraction, "heldout_windows": int(len(held_rows)),
                "answer_tokens": int(answer_tokens.size), "window": args.window},
       "train_config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
       "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
