@@ -398,7 +398,7 @@ def test_export_drafter_command_and_generate_with_its_output(tmp_path, capsys):
   from jspec.tools import cli
 
   target = shipped.load(shipped.TARGET)
-  config = E.EagleConfig.for_target(target.config, feature_layers=(0, 2, 3), input_form="concat")
+  config = E.EagleConfig.for_target(target.config, feature_layers=(0, 1, 2), input_form="concat")
   head = E.Eagle.from_target(target, E.init_params(config, jax.random.key(0)), config)
   E.save_eagle(head.reduced(np.arange(512)), tmp_path / "head")
   assert cli.main(["export-drafter", str(tmp_path / "head"), str(tmp_path / "sp"),
@@ -411,7 +411,7 @@ def test_export_drafter_command_and_generate_with_its_output(tmp_path, capsys):
   assert cli.main(prompt + ["--draft", str(tmp_path / "sp"), "--k", "3"]) == 0
   assert capsys.readouterr().out == plain
   with pytest.raises(SystemExit, match="input_form='concat'"):
-    own = E.EagleConfig.for_target(target.config, feature_layers=(0, 2, 3))
+    own = E.EagleConfig.for_target(target.config, feature_layers=(0, 1, 2))
     E.save_eagle(E.Eagle.from_target(target, E.init_params(own, jax.random.key(0)), own),
                  tmp_path / "own")
     cli.main(["export-drafter", str(tmp_path / "own"), str(tmp_path / "x"), "--format",
@@ -427,7 +427,7 @@ def test_a_trained_head_of_the_published_form_exports():
 
   from jspec.training import train_eagle as TE
 
-  target = numpy_drawn_target(V, output_scale=0.02)
+  target = numpy_drawn_target(V, output_scale=0.02, layers=3)
   prompts = _rng(3).integers(0, V, size=(48, 4)).astype(np.int32)
   text = np.asarray(jspec.generate(target, prompts.tolist(), max_new_tokens=28,
                                    eos_id=()).tokens)
