@@ -154,12 +154,8 @@ def read_config(cfg: dict, layout: str, target, where: str) -> tuple[DFlashConfi
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
-  V, D = target.head().embed.shape
-  if config.hidden_size != D:
-    raise CheckpointError(f"{where}: hidden size {config.hidden_size}, but the target's is {D}")
-  if config.vocab_size != V:
-    raise CheckpointError(f"{where}: vocabulary size {config.vocab_size}, but the target's "
-                          f"is {V}")
+  T.fits_target(where, config.hidden_size, config.vocab_size, target)
+  V = config.vocab_size
   if not 1 <= N <= V:
     raise CheckpointError(f"{where}: draft vocabulary size {N} must lie in [1, {V}]")
   return config, N
@@ -205,7 +201,7 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> DFlash:
           "w_down": stacked("mlp.down_proj.weight", (D, F))}}
   check_params(params, config, f"{where} tensors")
   cast = (lambda x: jnp.asarray(x, dtype)) if dtype is not None else jnp.asarray
-  params = _tree_map(cast, params)
+  params = T.as_arrays(params, dtype)
   # The references embed with the table as stored and read a plain linear LM head.
   drafter = dataclasses.replace(DFlash.from_target(target, params, config), layout=layout,
                                 embedding_multiplier=1.0, final_logit_softcapping=None)
@@ -216,11 +212,6 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> DFlash:
   ids = draft_ids(tensors, N, V)
   return drafter.reduced(ids, cast(rows).astype(params["layers"]["wq"].dtype))
 
-
-def _tree_map(fn, tree):
-  if isinstance(tree, dict):
-    return {k: _tree_map(fn, v) for k, v in tree.items()}
-  return fn(tree)
 
 
 # ----------------------------------------------------------------------------- export

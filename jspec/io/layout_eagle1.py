@@ -60,12 +60,8 @@ def load(path: str, cfg: dict, tensors: T.Tensors, target, dtype=None) -> Eagle:
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
-  head = target.head()
-  V, Dt = head.embed.shape
-  if D != Dt:
-    raise CheckpointError(f"{where}: hidden size {D}, but the target's is {Dt}")
-  if config.vocab_size != V:
-    raise CheckpointError(f"{where}: vocabulary size {config.vocab_size}, but the target's is {V}")
+  T.fits_target(where, D, config.vocab_size, target)
+  V = config.vocab_size
   c = config
   Hkv, Dh, F = c.num_key_value_heads, c.head_dim, c.intermediate_size
   what = f"{where} (hidden {D}, heads {H}/{Hkv}x{Dh}, mlp {F})"
@@ -99,16 +95,11 @@ def load(path: str, cfg: dict, tensors: T.Tensors, target, dtype=None) -> Eagle:
     embed = tensors.get("embed_tokens.weight", (V, D), f"{where} (vocab {V}, hidden {D})")
   check_params(params, config, f"{where} tensors")
   cast = (lambda x: jnp.asarray(x, dtype)) if dtype is not None else jnp.asarray
-  params = _tree_map(cast, params)
+  params = T.as_arrays(params, dtype)
   eagle = Eagle.from_target(target, params, config)
   return dataclasses.replace(eagle, token_embed=None if embed is None else cast(embed),
                              layout=LAYOUT)
 
-
-def _tree_map(fn, tree):
-  if isinstance(tree, dict):
-    return {k: _tree_map(fn, v) for k, v in tree.items()}
-  return fn(tree)
 
 
 def export(eagle: Eagle, out: str, *, dtype=np.float32, max_positions: int = 2048) -> str:

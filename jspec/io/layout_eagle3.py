@@ -121,13 +121,7 @@ def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_resid
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
-  head = target.head()
-  V, D = head.embed.shape
-  if config.hidden_size != D:
-    raise CheckpointError(f"{where}: hidden size {config.hidden_size}, but the target's is {D}")
-  if config.vocab_size != V:
-    raise CheckpointError(f"{where}: vocabulary size {config.vocab_size}, but the target's "
-                          f"is {V}")
+  T.fits_target(where, config.hidden_size, config.vocab_size, target)
   return config
 
 
@@ -207,7 +201,7 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> Eagle:
     embed = tensors.get("embed_tokens.weight", (V, D), f"{where} (vocab {V}, hidden {D})")
   check_params(params, config, f"{where} tensors")
   cast = (lambda x: jnp.asarray(x, dtype)) if dtype is not None else jnp.asarray
-  params = {k: _tree_map(cast, v) for k, v in params.items()}
+  params = T.as_arrays(params, dtype)
   eagle = Eagle.from_target(target, params, config)
   head_dtype = params["layer"]["wq"].dtype
   return _with_vocab(eagle, ids, cast(rows).astype(head_dtype),
@@ -220,11 +214,6 @@ def _with_vocab(eagle: Eagle, ids, rows, embed, layout: str) -> Eagle:
   ids = vocab_subset.check_ids(ids, eagle.vocab_size)
   return dataclasses.replace(eagle, ids=ids, rows=rows, token_embed=embed, layout=layout)
 
-
-def _tree_map(fn, tree):
-  if isinstance(tree, dict):
-    return {k: _tree_map(fn, v) for k, v in tree.items()}
-  return fn(tree)
 
 
 # ----------------------------------------------------------------------------- export

@@ -62,12 +62,7 @@ def config_of(cfg: dict, target, where: str) -> EagleConfig:
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"{where}: {e}") from None
-  V, Dt = target.head().embed.shape
-  if config.hidden_size != Dt:
-    raise CheckpointError(f"{where}: hidden size {config.hidden_size}, but the target's is {Dt}")
-  if config.vocab_size != V:
-    raise CheckpointError(f"{where}: vocabulary size {config.vocab_size}, but the target's "
-                          f"is {V}")
+  T.fits_target(where, config.hidden_size, config.vocab_size, target)
   return config
 
 
@@ -75,7 +70,6 @@ def load(path: str, cfg: dict, target, dtype=None) -> MTP:
   """A `jspec.MTP` for `target` from a speculators MTP directory (cfg: its config.json),
   every tensor checked by name and shape before use; floating-point params cast to `dtype`
   (None keeps the stored dtype)."""
-  import jax.numpy as jnp
 
   where = os.path.join(path, "config.json")
   c = config_of(cfg, target, where)
@@ -109,15 +103,9 @@ def load(path: str, cfg: dict, target, dtype=None) -> MTP:
           "w_down": linear("mlp.down_proj.weight", D, F),
           "out_norm": {"scale": vector("final_layernorm.weight")}}}
   check_params(params, c, f"{where} tensors")
-  cast = (lambda x: jnp.asarray(x, dtype)) if dtype is not None else jnp.asarray
-  params = {k: _tree_map(cast, v) for k, v in params.items()}
+  params = T.as_arrays(params, dtype)
   return MTP.from_target(target, params, c)
 
-
-def _tree_map(fn, tree):
-  if isinstance(tree, dict):
-    return {k: _tree_map(fn, v) for k, v in tree.items()}
-  return fn(tree)
 
 
 def export(module: MTP, out: str, *, dtype=np.float32, verifier: str | None = None,

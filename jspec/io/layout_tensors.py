@@ -184,3 +184,23 @@ def new_dir(path: str) -> str:
     raise FileExistsError(f"{path} exists and is not an empty directory; export into a new one")
   os.makedirs(path, exist_ok=True)
   return path
+
+
+def fits_target(where: str, hidden: int, vocab: int, target) -> None:
+  """Raise CheckpointError naming `where` when a drafter of hidden size `hidden` and
+  vocabulary `vocab` does not fit `target` (both sizes given)."""
+  V, D = target.head().embed.shape
+  if hidden != D:
+    raise CheckpointError(f"{where}: hidden size {hidden}, but the target's is {D}")
+  if vocab != V:
+    raise CheckpointError(f"{where}: vocabulary size {vocab}, but the target's is {V}")
+
+
+def as_arrays(tree, dtype=None):
+  """A nested dict of arrays as jax arrays, floating point or not cast to `dtype` (None keeps
+  each array's dtype)."""
+  import jax.numpy as jnp
+
+  if isinstance(tree, dict):
+    return {k: as_arrays(v, dtype) for k, v in tree.items()}
+  return jnp.asarray(tree) if dtype is None else jnp.asarray(tree, dtype)
