@@ -38,6 +38,8 @@ def main() -> None:
   ap.add_argument("--k", type=int, default=4)
   ap.add_argument("--tree", choices=("paper", "small"), default="paper")
   ap.add_argument("--update", choices=("path", "all"), default="path")
+  ap.add_argument("--prompt", choices=("none", "logits", "context"), default="context",
+                  help="what the prefill writes into the matrix (TokenRecycling's `prompt`)")
   ap.add_argument("--questions", default=None, help="Spec-Bench question file (JSONL)")
   ap.add_argument("--groups", default="mt_bench,translation,qa")
   ap.add_argument("--per-group", type=int, default=3)
@@ -77,16 +79,16 @@ def main() -> None:
     t0 = time.perf_counter()
     reference = [run(jspec.NGram(V), b, shape) for b in range(len(ids))]
     rows = {"ngram": reference}
-    fresh = TokenRecycling(V, memory=empty, update=args.update)
+    fresh = TokenRecycling(V, memory=empty, update=args.update, prompt=args.prompt)
     rows["recycling fresh"] = [run(fresh, b, shape) for b in range(len(ids))]
     memory, carried = empty, []
     for b in range(len(ids)):
-      carried.append(run(TokenRecycling(V, memory=memory, update=args.update), b, shape))
+      carried.append(run(TokenRecycling(V, memory=memory, update=args.update, prompt=args.prompt), b, shape))
       memory = carried[-1].memory
     rows["recycling carried"] = carried
     second = []
     for b in range(len(ids)):
-      second.append(run(TokenRecycling(V, memory=memory, update=args.update), b, shape))
+      second.append(run(TokenRecycling(V, memory=memory, update=args.update, prompt=args.prompt), b, shape))
       memory = second[-1].memory
     rows["recycling second"] = second
     for label, outs in rows.items():

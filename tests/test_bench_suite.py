@@ -147,6 +147,7 @@ def test_unavailable_methods_say_why_and_do_not_stop_the_others(target, monkeypa
     (["--auto-over", "lookahead"], "--auto-over"),
     (["--corpus", "/no/such/corpus.txt"], "--corpus"),
     (["--prompts", "p.txt"], "--prompts does not apply"),
+    (["--categories", "qa,math_reasoning"], "'math_reasoning' not in"),
 ])
 def test_bad_options_fail_before_the_model_loads(tmp_path, monkeypatch, extra, message):
   def no_load(name):
@@ -245,6 +246,45 @@ def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
     assert (tmp_path / "suite.png").stat().st_size > 0
 
 
+def test_runs_over_categories_merge_into_the_run_over_all(tiny_gguf, tmp_path, capsys):
+  """--categories splits one draw across processes; --merge joins their reports into the
+  figures of one run over every category (n-gram lookup keeps no state across questions,
+  so tau and acceptance are the same; the costs are the first part's)."""
+  questions = write_questions(tmp_path / "q.jsonl")
+  base = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions", questions,
+          "--per-category", "2", "--methods", "ngram", "--max-new-tokens", "5", "--cache-dir",
+          str(tmp_path / "xla"), "--no-progress"]
+  paths = {}
+  for name, cats in (("all", None), ("a", "mt_bench"), ("b", "translation,qa")):
+    paths[name] = str(tmp_path / f"{name}.json")
+    assert cli.main(base + ["--json", paths[name]]
+                    + ([] if cats is None else ["--categories", cats])) == 0
+  parts = [json.loads(open(paths[n]).read()) for n in ("a", "b")]
+  assert list(parts[0]["prompts_by_category"]) == ["mt_bench"]
+  assert list(parts[1]["prompts_by_category"]) == ["translation", "qa"]
+  merged_path = str(tmp_path / "merged.json")
+  assert cli.main(["bench", "--suite", "spec-bench", "--merge", paths["b"], paths["a"],
+                   "--json", merged_path]) == 0
+  merged, whole = json.loads(open(merged_path).read()), json.loads(open(paths["all"]).read())
+  assert merged["prompts_by_category"] == whole["prompts_by_category"]  # the columns' order
+  assert sorted(merged["question_ids"]) == sorted(whole["question_ids"])
+  for g, cell in whole["results"]["greedy"]["ngram"].items():
+    got = merged["results"]["greedy"]["ngram"][g]
+    assert (got["tokens"], got["target_calls"]) == (cell["tokens"], cell["target_calls"]), g
+    assert got["position_acceptance"] == cell["position_acceptance"]
+  assert merged["costs"] == parts[1]["costs"] and len(merged["merged_costs"]) == 2
+  assert "Question Answering" in capsys.readouterr().out
+  # Reports that do not belong together are refused.
+  with pytest.raises(SystemExit, match="question 81 is in both"):
+    bench_suite.merge([paths["a"], paths["all"]])
+  other = dict(parts[0], settings=dict(parts[0]["settings"], max_new_tokens=9))
+  (tmp_path / "other.json").write_text(json.dumps(other))
+  with pytest.raises(SystemExit, match="max_new_tokens = 5, .*other.json with 9"):
+    bench_suite.merge([str(tmp_path / "other.json"), paths["b"]])
+  with pytest.raises(SystemExit, match="give --json"):
+    cli.main(["bench", "--suite", "spec-bench", "--merge", paths["a"], paths["b"]])
+
+
 @pytest.mark.slow  # twice the programs of a greedy run
 def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path):
   out = tmp_path / "suite.json"
@@ -313,6 +353,9 @@ def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf,
   assert cli.main(argv) == 0
   report = json.loads(out.read_text())
   assert report["mismatches"] == [] and len(report["items"]) == 3
+  # The leaderboard's configuration: the paper's 81-node tree, priced at that verify width.
+  assert report["methods"]["recycling"]["k"] == 6
+  assert report["costs"]["methods"]["recycling"]["6"]["verify_tokens"] == 81
   assert len(seen) == 3 and all(m is not None for m in seen)
   assert np.all(seen[0] == -1)  # nothing verified before the first prompt
   learnt = [int(np.sum(m >= 0)) for m in seen]

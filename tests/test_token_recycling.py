@@ -2,6 +2,7 @@
 each verify's logits inside the loop, drafted as chains and static trees, carried across
 calls as `out.memory`; exact greedy and sampled."""
 
+import functools
 import itertools
 
 import jax
@@ -14,6 +15,7 @@ from jspec.core import decode
 from jspec.core.drafter import (DraftContext, LogitsObservingDrafter, LookupDrafter,
                                 PromptObservingDrafter, RememberingDrafter, TreeDrafter)
 from jspec.drafters.recycling import TokenRecycling, paper_tree
+from jspec.drafters.recycling import TokenRecycling as TokenRecycling_
 from jspec.planner import plan
 from conftest import ragged_prompts, tiny_config
 from reference import assert_counts_match, processed_probs
@@ -67,14 +69,14 @@ def test_update_matches_numpy_reference(update):
     np.testing.assert_array_equal(adjacency, expected)
 
 
-def test_prompt_fills_only_rows_no_verify_wrote():
+def test_prompt_logits_fill_only_rows_no_verify_wrote():
   rng = np.random.default_rng(1)
   V, k = 11, 2
-  drafter = TokenRecycling(V, top_k=k)
+  drafter = TokenRecycling(V, top_k=k, prompt="logits")
   adjacency = np.full((V, k), -1, np.int32)
   adjacency[[1, 3]] = [[4, 5], [6, 7]]  # written by earlier verifies
-  tokens = rng.integers(0, 6, size=(2, 7)).astype(np.int32)
-  top_ids = rng.integers(0, V, size=(2, 7, k)).astype(np.int32)
+  tokens = rng.integers(0, 6, size=(2, 8)).astype(np.int32)  # [B, P]
+  top_ids = rng.integers(0, V, size=(2, 7, k)).astype(np.int32)  # [B, P-1, k]
   valid = np.arange(7)[None, :] < np.asarray([[5], [7]])
   expected = adjacency.copy()
   for b, j in itertools.product(range(2), range(7)):
@@ -84,6 +86,41 @@ def test_prompt_fills_only_rows_no_verify_wrote():
                                               jnp.asarray(top_ids), jnp.asarray(valid))
   np.testing.assert_array_equal(got, expected)
   assert np.array_equal(expected[1], [4, 5]) and np.array_equal(expected[3], [6, 7])
+  none = TokenRecycling(V, top_k=k, prompt="none")
+  np.testing.assert_array_equal(
+      none.after_prefill_logits(jnp.asarray(adjacency), jnp.asarray(tokens),
+                                jnp.asarray(top_ids), jnp.asarray(valid)), adjacency)
+
+
+def _context_row(successor, top, k):
+  """NumPy: the successor, then the top ids without it, k in all."""
+  return np.asarray(([successor] + [t for t in top if t != successor])[:k], np.int32)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_prompt_context_puts_the_successor_first(k):
+  """prompt="context": every valid prompt slot's token gets the token that followed it,
+  then the slot's top ids without it; the latest slot (row-major) wins, and rows written
+  by earlier verifies are replaced."""
+  rng = np.random.default_rng(2)
+  V = 11
+  drafter = TokenRecycling(V, top_k=k)
+  assert drafter.prompt == "context"
+  adjacency = np.full((V, k), -1, np.int32)
+  adjacency[[1, 3]] = 9  # written by earlier verifies
+  tokens = rng.integers(0, 6, size=(2, 9)).astype(np.int32)
+  # Distinct ids per slot, as a top-k is, often holding the successor: the dedup runs.
+  top_ids = np.stack([np.stack([rng.permutation(6)[:k] for _ in range(8)]) for _ in range(2)])
+  top_ids = top_ids.astype(np.int32)
+  valid = np.arange(8)[None, :] < np.asarray([[6], [8]])
+  expected = adjacency.copy()
+  for b, j in itertools.product(range(2), range(8)):
+    if valid[b, j]:
+      expected[tokens[b, j]] = _context_row(tokens[b, j + 1], top_ids[b, j].tolist(), k)
+  got = jax.jit(drafter.after_prefill_logits)(jnp.asarray(adjacency), jnp.asarray(tokens),
+                                              jnp.asarray(top_ids), jnp.asarray(valid))
+  np.testing.assert_array_equal(got, expected)
+  assert np.any(top_ids[..., :1] == tokens[:, 1:, None])  # a duplicate was there to drop
 
 
 def test_drafts_walk_the_matrix_breadth_first():
@@ -167,16 +204,19 @@ def _top_k(logits, k):
   return np.argsort(-np.asarray(logits, np.float64), kind="stable")[:k]
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_matrix_after_a_call_holds_the_targets_top_k(target, shape):
+@pytest.mark.parametrize("shape,prompt", [("chain", "logits"), ("tree", "logits"),
+                                          ("chain", "context")])
+def test_matrix_after_a_call_holds_the_targets_top_k(target, shape, prompt):
   """Greedy, one row, a fresh matrix: a row v of out.memory is the top-k of the target's
   logits at the last committed position holding v, but the newest (the prefill's over the
-  prompt, then each verify's), computed here by a full forward pass. Positions whose token
-  recurs in the drafts of the last round (greedy: the continuation) are left out: that
-  round may have written them from an accepted draft past max_new_tokens."""
+  prompt, then each verify's), computed here by a full forward pass; where that position
+  is in the prompt and prompt="context", the token that followed first. Positions whose
+  token recurs in the drafts of the last round (greedy: the continuation) are left out:
+  that round may have written them from an accepted draft past max_new_tokens."""
   V, k, K, new = target.vocab_size, 4, 3, 12
-  prompt = [5, 9, 17, 3, 5, 9]
-  drafter = TokenRecycling(V, top_k=k)
+  prompt_ids = [5, 9, 17, 3, 5, 9]
+  drafter = TokenRecycling(V, top_k=k, prompt=prompt)
+  prompt, mode = prompt_ids, prompt
   kw = dict(num_draft_tokens=K) if shape == "chain" else dict(tree=TREE)
   out = jspec.speculative_generate(target, drafter, [prompt], max_new_tokens=new, **kw)
   tokens = out.tokens[0, :int(out.lengths[0])].tolist()
@@ -197,7 +237,11 @@ def test_matrix_after_a_call_holds_the_targets_top_k(target, shape):
       continue
     if v in beyond:
       continue
-    np.testing.assert_array_equal(memory[v], _top_k(logits[where[-1]], k), err_msg=str(v))
+    i = where[-1]
+    row = _top_k(logits[i], k)
+    if mode == "context" and i < len(prompt) - 1:
+      row = _context_row(sequence[i + 1], row.tolist(), k)
+    np.testing.assert_array_equal(memory[v], row, err_msg=str(v))
     checked += 1
   assert checked >= 4
 
@@ -231,9 +275,12 @@ def test_paper_tree_and_update_all_greedy(target):
 def test_memory_across_calls_raises_acceptance(target):
   """The same prompt twice: the second call starts from the first one's matrix, so it
   drafts from its first round and accepts more; greedy, the same answer. An all -1
-  matrix drafts as no memory."""
+  matrix drafts as no memory. prompt="logits", which keeps verified rows: "context" would
+  replace the prompt tokens' rows by their successors in the prompt, which on this random
+  target are noise (on SmolLM2 the second pass gains as much either way: docs/benchmarks.md)."""
   prompts = ragged_prompts(2, target.vocab_size, seed=41, min_len=4, max_len=8)
   V = target.vocab_size
+  TokenRecycling = functools.partial(TokenRecycling_, prompt="logits")
   first = jspec.speculative_generate(target, TokenRecycling(V), prompts, num_draft_tokens=4,
                                      max_new_tokens=24)
   memory = np.asarray(first.memory)
@@ -291,6 +338,8 @@ def test_settings_are_checked_before_tracing(target):
     TokenRecycling(0)
   with pytest.raises(ValueError, match="update"):
     TokenRecycling(V, update="tree")
+  with pytest.raises(ValueError, match="prompt must be one of"):
+    TokenRecycling(V, prompt="copy")
   with pytest.raises(ValueError, match=r"shape \(65, 8\)"):
     TokenRecycling(V, memory=jnp.zeros((V + 1, 8), jnp.int32))  # another vocabulary
   with pytest.raises(ValueError, match=r"shape \(64, 4\)"):

@@ -178,7 +178,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   if prompt_ids is not None:  # a PromptObservingDrafter reads the prompt's top-k ids
     with jax.named_scope("observe_logits"):
       valid = jnp.arange(P - 1, dtype=jnp.int32)[None, :] < (prompt_lengths - 1)[:, None]
-      drafter_state = drafter.after_prefill_logits(drafter_state, tokens[:, :P - 1], prompt_ids,
+      drafter_state = drafter.after_prefill_logits(drafter_state, tokens[:, :P], prompt_ids,
                                                    valid)
   return DecodeState(
       tokens=buffer,

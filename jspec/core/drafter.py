@@ -94,9 +94,10 @@ treatment of jspec's own:
         nothing: no top-k is computed for them.
     PromptObservingDrafter: a LogitsObservingDrafter with after_prefill_logits(state,
         tokens, top_ids, valid) -> state
-        it also gets the prompt's: tokens [B, P-1] the prefilled prompt tokens,
-        top_ids [B, P-1, k] as above, valid [B, P-1] True at slots 0..L-2 of each row
-        (whose logits chose committed prompt tokens). Called once, after the prefill
+        it also gets the prompt's: tokens [B, P] the prefilled prompt tokens,
+        top_ids [B, P-1, k] as above for slots 0..P-2 (slot j's successor is
+        tokens[:, j+1]), valid [B, P-1] True at slots 0..L-2 of each row (whose
+        logits chose committed prompt tokens). Called once, after the prefill
         and `init`; only such drafters make the prefill compute the LM head and top-k.
     RememberingDrafter: remembered(state) -> memory
         a drafter whose state is worth keeping across calls (token recycling's
@@ -320,8 +321,9 @@ class PromptObservingDrafter(LogitsObservingDrafter, Protocol):
 
   def after_prefill_logits(self, state: Any, tokens: jax.Array, top_ids: jax.Array,
                            valid: jax.Array) -> Any:
-    """The state after the prefill: tokens [B, P-1] int32 the prefilled prompt tokens,
-    top_ids [B, P-1, k] int32, valid [B, P-1] bool the slots below each row's L-1."""
+    """The state after the prefill: tokens [B, P] int32 the prefilled prompt tokens,
+    top_ids [B, P-1, k] int32 (slot j's logits; its successor is tokens[:, j+1]),
+    valid [B, P-1] bool the slots below each row's L-1."""
 
 
 @runtime_checkable

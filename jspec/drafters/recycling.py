@@ -14,10 +14,15 @@ last time v was verified:
                 (the root t(L-1) and the accepted drafts; `update="all"`: every
                 verified position, as the reference implementation does),
                 row block[j] := top-k ids of the logits at j
-    prompt      after the prefill, rows still -1 := top-k ids at the prompt's last
-                slot holding their token (slots 0..L-2: the prefill computes those
-                logits anyway); rows a verify wrote, in this call or an earlier one,
-                are kept. Not in the paper: a warm start for a cold matrix
+    prompt      after the prefill, from the prompt's slots 0..L-2 (the prefill computes
+                their logits anyway), the latest slot holding a token writing its row:
+                "context" (the default): row := the token that followed it in the
+                prompt, then the top-k ids at that slot without it (k in all), so the
+                drafts follow text the answer copies from its prompt (a translation
+                restating its source, a second turn quoting the first answer);
+                "logits": rows still -1 := the top-k ids at that slot, rows a verify
+                wrote in an earlier call kept; "none": nothing (the paper: rows stay
+                empty until a verify writes them). Both warm starts are not in the paper
     drafts      from the last committed token t(L-1), breadth first: a node's child
                 of rank r is adjacency[node, r]. A chain follows rank 0; a tree takes
                 its static shape (`paper_tree()`: the paper's 80 nodes, depth 6)
@@ -86,6 +91,7 @@ _PAPER_PATHS = (
     + [(0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0)])
 
 UPDATES = ("path", "all")
+PROMPTS = ("none", "logits", "context")
 
 
 def paper_tree() -> Tree:
@@ -108,6 +114,7 @@ class TokenRecycling:
   memory: jax.Array | None = None  # [V, top_k] int32, traced; None: every row -1
   top_k: int = _static(PAPER_TOP_K)  # k: next-token ids kept per token id
   update: str = _static("path")  # "path": the accepted path's positions; "all": every one
+  prompt: str = _static("context")  # what the prefill writes: PROMPTS, module docstring
 
   def __post_init__(self):
     V, k = self.vocab_size, self.top_k
@@ -117,6 +124,8 @@ class TokenRecycling:
       raise ValueError(f"top_k must be an integer in 1..vocab_size ({V}), got {k!r}")
     if self.update not in UPDATES:
       raise ValueError(f"update must be one of {UPDATES}, got {self.update!r}")
+    if self.prompt not in PROMPTS:
+      raise ValueError(f"prompt must be one of {PROMPTS}, got {self.prompt!r}")
     memory = self.memory
     if isinstance(memory, (list, tuple, numbers.Number)):
       raise TypeError(f"memory must be an integer array [vocab_size, top_k] (a call's "
@@ -202,12 +211,24 @@ class TokenRecycling:
 
   def after_prefill_logits(self, state: jax.Array, tokens: jax.Array, top_ids: jax.Array,
                            valid: jax.Array) -> jax.Array:
-    """`PromptObservingDrafter`: rows still -1 (no verify wrote them, in this call or an
-    earlier one) := top_ids at the prompt's last slot holding their token. A warm start
-    beyond the paper, which leaves those rows empty until a verify writes them."""
-    flat = tokens.reshape(-1).astype(jnp.int32)
-    writes = valid.reshape(-1) & (state[flat, 0] < 0)
-    return self._write(state, tokens, top_ids, writes, jnp.arange(flat.shape[0], dtype=jnp.int32))
+    """`PromptObservingDrafter`: the prompt's rows (module docstring). tokens [B, P],
+    top_ids and valid [B, P-1]: slot j's logits, whose successor is tokens[:, j+1]."""
+    if self.prompt == "none":
+      return state
+    here = tokens[:, :-1].astype(jnp.int32)  # [B, P-1]
+    order = jnp.arange(here.size, dtype=jnp.int32)  # row-major: the later slot wins
+    if self.prompt == "logits":
+      writes = valid.reshape(-1) & (state[here.reshape(-1), 0] < 0)
+      return self._write(state, here, top_ids, writes, order)
+    # "context": the token that followed, then the target's own top-k without it.
+    successor = tokens[:, 1:].astype(jnp.int32)[..., None]  # [B, P-1, 1]
+    top = top_ids.astype(jnp.int32)
+    candidates = jnp.concatenate([successor, top], axis=-1)  # [B, P-1, k+1]
+    keep = jnp.concatenate([jnp.ones_like(successor, bool), top != successor], axis=-1)
+    slot = jnp.arange(self.top_k + 1, dtype=jnp.int32)
+    first = jnp.argsort(jnp.where(keep, slot, slot + self.top_k + 1), axis=-1)[..., :self.top_k]
+    rows = jnp.take_along_axis(candidates, first, axis=-1)  # [B, P-1, k]
+    return self._write(state, here, rows, valid.reshape(-1), order)
 
   def remembered(self, state: jax.Array | None) -> jax.Array:
     """`RememberingDrafter`: the matrix after the call ([V, k] int32, `out.memory`); the

@@ -10,11 +10,13 @@ when any greedy answer differed from plain greedy decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import sys
 import time
+from typing import Any
 
 from jspec.tools import suite, suite_methods
 
@@ -73,7 +75,16 @@ def check(args) -> dict:
   if args.plot:
     if importlib.util.find_spec("matplotlib") is None:
       _fail("--plot needs matplotlib: pip install 'jspec[plot]'")
-  return {"questions_file": path, "questions": suite.sample(questions, per_category, args.seed),
+  drawn = suite.sample(questions, per_category, args.seed)
+  if args.categories:
+    present = suite.columns(q.group for q in questions)
+    wanted = [c.strip() for c in args.categories.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in present]
+    if unknown or not wanted:
+      _fail(f"--categories: {', '.join(map(repr, unknown)) or repr(args.categories)} not in "
+            f"{path} (its categories: {', '.join(present)})")
+    drawn = [q for q in drawn if q.group in wanted]  # the same draw, fewer columns
+  return {"questions_file": path, "questions": drawn,
           "per_category": per_category, "methods": names, "corpus": corpus, "folders": folders}
 
 
@@ -90,8 +101,142 @@ def _load_target(name: str):
   return target
 
 
+def _tables(results: dict, sampled: bool) -> dict:
+  from jspec.tools import spec_bench_report as R
+
+  tables = {"speedup": R.format_table(
+      results["greedy"], "speedup over jspec's plain greedy decoding here (tau), batch 1, "
+      "greedy:"),
+      "predicted_accelerator": R.format_table(
+          results["greedy"], "predicted speedup where a verify costs one step (tau / (1 + "
+          "draft round / step), both costs measured here):", key="predicted_accelerator",
+          with_tau=False)}
+  if sampled:
+    tables["sampled"] = R.format_table(results["sampled"], "at T = 1: tokens/s over plain "
+                                       "sampling here (tau):")
+  return tables
+
+
+def _print_report(results: dict, tables: dict, costs: dict) -> None:
+  from jspec.tools import spec_bench_report as R
+
+  plain = results["greedy"]["plain"]["overall"]
+  print(f"\nplain greedy decoding: {plain['tokens']} tokens, {plain['tokens_per_s']:.1f} tok/s "
+        f"over all prompts\n")
+  for text in tables.values():
+    print(text + "\n")
+  print(R.format_acceptance(results["greedy"]))
+  print(f"step {costs['t_step_ms']:.2f} ms at cache {costs['cache_length']}; " + "; ".join(
+      f"{n}: " + ", ".join(f"K={k} verify {c['verify_over_step_here']:.2f} steps, draft round "
+                           + ("-" if c["draft_round_over_step"] is None
+                              else f"{c['draft_round_over_step']:.3f}") + " steps"
+                           for k, c in per.items())
+      for n, per in costs["methods"].items() if per))
+
+
+def _write(report: dict, args) -> None:
+  from jspec.tools import spec_bench_report as R
+
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+    print(f"wrote {args.json}")
+  if args.plot:
+    R.plot(report, args.plot)
+    print(f"wrote {args.plot}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ran:
+  """What `spec_bench_report.aggregate` reads of a method that ran in another process."""
+
+  k: Any
+
+
+MERGED_SETTINGS = ("max_new_tokens", "repeats", "k", "sampled", "batch", "seed")
+
+
+def merge(paths: list[str]) -> dict:
+  """One report from the reports of runs over different questions (`--categories`): items,
+  questions and mismatches joined, figures recomputed from the items, the costs those of
+  the first report (each run measures its own; they move little between runs on one
+  machine, and the report lists every run's under "merged_costs"). Refuses reports of
+  another target, settings or method set, or sharing a question."""
+  from jspec.tools import spec_bench_report as R
+
+  reports = []
+  for path in paths:
+    try:
+      with open(path, encoding="utf-8") as f:
+        reports.append(json.load(f))
+    except (OSError, ValueError) as e:
+      _fail(f"--merge {path}: not a readable report ({e})")
+    if "items" not in reports[-1] or "settings" not in reports[-1]:
+      _fail(f"--merge {path}: not a `jspec bench --suite` report (no items or settings)")
+  first = reports[0]
+  seen = {}
+  for path, r in zip(paths, reports):
+    for key in ("suite", "target"):
+      if r.get(key) != first.get(key):
+        _fail(f"--merge: {path} has {key} {r.get(key)!r}, {paths[0]} {first.get(key)!r}")
+    for key in MERGED_SETTINGS:
+      if r["settings"].get(key) != first["settings"].get(key):
+        _fail(f"--merge: {path} ran with {key} = {r['settings'].get(key)!r}, {paths[0]} with "
+              f"{first['settings'].get(key)!r}")
+    if {n: m["k"] for n, m in r["methods"].items()} != {n: m["k"] for n, m in
+                                                        first["methods"].items()}:
+      _fail(f"--merge: {path} ran methods {sorted(r['methods'])}, {paths[0]} "
+            f"{sorted(first['methods'])} (with the same K each)")
+    for qid in r["question_ids"]:
+      if qid in seen:
+        _fail(f"--merge: question {qid!r} is in both {seen[qid]} and {path}")
+      seen[qid] = path
+  items = [it for r in reports for it in r["items"]]
+  methods = {n: _Ran(m["k"]) for n, m in first["methods"].items()}
+  sampled = bool(first["settings"]["sampled"])
+  costs = first["costs"]
+  results = R.aggregate(items, methods, sampled, costs)
+  counts = {}
+  for r in reports:
+    for g, n in r["prompts_by_category"].items():
+      counts[g] = counts.get(g, 0) + n
+  report = dict(first)
+  report.update({
+      "questions_file": [r["questions_file"] for r in reports],
+      "question_ids": [q for r in reports for q in r["question_ids"]],
+      "prompts_by_category": {g: counts[g] for g in suite.columns(counts)},
+      "unavailable": {k: v for r in reports for k, v in r["unavailable"].items()},
+      "merged_from": [{"categories": list(r["prompts_by_category"]), "wall_s": r["wall_s"]}
+                      for r in reports],
+      "merged_costs": [r["costs"] for r in reports],
+      "results": results, "tables": _tables(results, sampled),
+      "mismatches": [m for r in reports for m in r["mismatches"]], "items": items,
+      "wall_s": sum(r["wall_s"] for r in reports)})
+  return report
+
+
+def merge_main(args) -> int:
+  """`--merge`: join reports (`merge`), print and write the result."""
+  if not args.json and not args.plot:
+    _fail("--merge writes its result: give --json FILE and/or --plot FILE")
+  if args.plot and importlib.util.find_spec("matplotlib") is None:
+    _fail("--plot needs matplotlib: pip install 'jspec[plot]'")
+  report = merge(args.merge)
+  print(f"merged {len(args.merge)} reports: " + ", ".join(
+      f"{suite.heading(g)} {n}" for g, n in report["prompts_by_category"].items()) + " prompts")
+  _print_report(report["results"], report["tables"], report["costs"])
+  _write(report, args)
+  if report["mismatches"]:
+    print(f"ERROR: {len(report['mismatches'])} greedy answer(s) differ from plain greedy "
+          f"decoding (under \"mismatches\")", file=sys.stderr)
+    return 1
+  return 0
+
+
 def main(args) -> int:
   """The command (module docstring)."""
+  if args.merge:
+    return merge_main(args)
   import jax
 
   from jspec.planner import cache_folder
@@ -137,28 +282,8 @@ def main(args) -> int:
         flush=True)
   costs = R.measure_costs(target, methods, ran["items"])
   results = R.aggregate(ran["items"], methods, s.sampled, costs)
-  tables = {"speedup": R.format_table(
-      results["greedy"], "speedup over jspec's plain greedy decoding here (tau), batch 1, "
-      "greedy:"),
-      "predicted_accelerator": R.format_table(
-          results["greedy"], "predicted speedup where a verify costs one step (tau / (1 + "
-          "draft round / step), both costs measured here):", key="predicted_accelerator",
-          with_tau=False)}
-  if s.sampled:
-    tables["sampled"] = R.format_table(results["sampled"], "at T = 1: tokens/s over plain "
-                                       "sampling here (tau):")
-  plain = results["greedy"]["plain"]["overall"]
-  print(f"\nplain greedy decoding: {plain['tokens']} tokens, {plain['tokens_per_s']:.1f} tok/s "
-        f"over all prompts\n")
-  for text in tables.values():
-    print(text + "\n")
-  print(R.format_acceptance(results["greedy"]))
-  print(f"step {costs['t_step_ms']:.2f} ms at cache {costs['cache_length']}; " + "; ".join(
-      f"{n}: " + ", ".join(f"K={k} verify {c['verify_over_step_here']:.2f} steps, draft round "
-                           + ("-" if c["draft_round_over_step"] is None
-                              else f"{c['draft_round_over_step']:.3f}") + " steps"
-                           for k, c in per.items())
-      for n, per in costs["methods"].items() if per))
+  tables = _tables(results, s.sampled)
+  _print_report(results, tables, costs)
   wall = time.perf_counter() - start
   report = {"suite": args.suite, "questions_file": opts["questions_file"], "target": target_name,
             "target_params": target.num_params(), "backend": jax.default_backend(),
@@ -171,13 +296,7 @@ def main(args) -> int:
                             "description": b.description, "k": b.k} for n, b in methods.items()},
             "unavailable": skipped, "costs": costs, "results": results, "tables": tables,
             "mismatches": ran["mismatches"], "items": ran["items"], "wall_s": wall}
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=1)
-    print(f"wrote {args.json}")
-  if args.plot:
-    R.plot(report, args.plot)
-    print(f"wrote {args.plot}")
+  _write(report, args)
   if ran["mismatches"]:
     print(f"ERROR: {len(ran['mismatches'])} greedy answer(s) differ from plain greedy decoding "
           f"(listed above and under \"mismatches\")", file=sys.stderr)

@@ -226,7 +226,8 @@ def bench(args) -> int:
   for flag, value in (("--questions", args.questions), ("--per-category", args.per_category),
                       ("--all", args.all), ("--methods", args.methods),
                       ("--corpus", args.corpus), ("--json", args.json), ("--plot", args.plot),
-                      ("--sampled", args.sampled)):
+                      ("--sampled", args.sampled), ("--categories", args.categories),
+                      ("--merge", args.merge)):
     if value:
       raise SystemExit(f"{flag} belongs to --suite spec-bench")
   args.repeats = 3 if args.repeats is None else args.repeats
@@ -481,6 +482,14 @@ def main(argv=None) -> int:
   g.add_argument("--per-category", type=int, default=None,
                  help="questions drawn per category, seeded (default 3)")
   g.add_argument("--all", action="store_true", help="every question of the file")
+  g.add_argument("--categories", default=None,
+                 help="comma-separated columns to run (mt_bench, translation, summarization, qa, "
+                      "math_reasoning, rag; default all): the same draw, a part of it, so that "
+                      "parts run in separate processes and --merge joins their reports")
+  g.add_argument("--merge", nargs="+", default=None, metavar="REPORT",
+                 help="join the --json reports of runs over different categories (same "
+                      "target, settings and methods) into one report, with --json / --plot; "
+                      "runs nothing")
   g.add_argument("--seed", type=int, default=0, help="draws the questions (and T = 1 runs)")
   g.add_argument("--methods", default=None,
                  help="comma-separated, default all: ngram, suffix, lookahead, recycling, "

@@ -70,8 +70,9 @@ def per_prompt(outs) -> list[dict]:
 
 
 def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
-               repeats: int = 20, target: Model | None = None) -> float:
-  """Median wall time of one `drafter.propose` of k drafts, jitted alone (greedy), on the
+               repeats: int = 20, target: Model | None = None, tree=None) -> float:
+  """Median wall time of one `drafter.propose` of k drafts (with `tree`, a static
+  `jspec.Tree`: one `propose_tree`), jitted alone (greedy), on the
   drafter in decoding form (`decode.prepared`, inside the program, as the decode loop
   runs it: per-layer weights, a reduced vocabulary's rows gathered once).
   A drafter that reads the target's features needs `target` (for their width; the
@@ -100,7 +101,10 @@ def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
   # Prepared once outside the timed calls: the decode loop prepares once per program,
   # before its rounds.
   drafter = jax.jit(prepared_drafter)(drafter)
-  propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
+  if tree is None:
+    propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
+  else:
+    propose = jax.jit(lambda d, s, c, kk: d.propose_tree(s, c, tree, None, kk)[0])
   jax.block_until_ready(propose(drafter, state, context, keys))
   times = []
   for _ in range(repeats):

@@ -42,7 +42,8 @@ import numpy as np
 from jspec.planner.inputs import cache_bucket, prompt_bucket
 
 MEMORY_SLOTS = 4096  # the suffix memory: earlier answers, newest last
-MARGIN = 64  # cache slots past prompt + answer: wider than any method's verify block
+MARGIN = 128  # cache slots past prompt + answer: wider than any method's verify block
+# (Token Recycling's tree verifies 81 nodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +107,9 @@ def _call(target, built, ids, S: int, temperature: float, seed: int, memory, car
     drafter = dataclasses.replace(drafter, memory=memory)
   if carried is not None:
     drafter = dataclasses.replace(drafter, memory=carried)
-  return lambda n: jspec.speculative_generate(target, drafter, tokens, num_draft_tokens=built.k,
-                                              max_new_tokens=n, **kw)
+  shape = dict(num_draft_tokens=built.k) if built.tree is None else dict(tree=built.tree)
+  return lambda n: jspec.speculative_generate(target, drafter, tokens, max_new_tokens=n,
+                                              **shape, **kw)
 
 
 def _timed(fn, n: int):

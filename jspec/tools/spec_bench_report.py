@@ -50,7 +50,8 @@ def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict
       ks = [built.k]
     per_k = {}
     for k in ks:
-      width = measure.verify_width(drafter, k)
+      tree = getattr(built, "tree", None)
+      width = measure.verify_width(drafter, k) if tree is None else tree.num_nodes
       if width not in verify:
         verify[width] = costs.call_time(target, 1, width, S, repeats=repeats, prefix=prefix)
       note = None
@@ -59,7 +60,7 @@ def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict
       else:
         try:
           t_round = measure.round_time(drafter, 1, k, S, prefix=prefix, repeats=repeats,
-                                       target=target)
+                                       target=target, tree=tree)
         except Exception as e:  # a drafter the timing harness does not know how to drive
           t_round, note = None, f"draft round not timed: {type(e).__name__}: {e}"
       per_k[k] = {"verify_tokens": width, "t_verify_here_ms": verify[width] * 1e3,

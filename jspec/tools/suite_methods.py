@@ -8,7 +8,8 @@ is reported with its reason and skipped; it never stops the run.
     ngram      n-gram lookup in the context (PLD: prompt lookup decoding)
     suffix     suffix drafting, its memory carried across questions (SuffixDecoding)
     lookahead  Jacobi lookahead with the target itself (Lookahead decoding)
-    recycling  Token Recycling (`jspec.TokenRecycling`, where this version has it)
+    recycling  Token Recycling (`jspec.TokenRecycling`, where this version has it) with the
+               paper's static tree (81 nodes, depth 6), its matrix carried across questions
     datastore  n-gram lookup in the context and a corpus given with --corpus (REST)
     draft      a draft model (SpS): checkpoints/smollm2-draft, or --draft DIR
     eagle3     an EAGLE head: checkpoints/smollm2-eagle3, or --eagle DIR
@@ -43,13 +44,15 @@ class Setup:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-  """A method ready to run: its drafter, K (an int or "auto"), a description, and whether
-  the runner hands it the suffix memory of the questions before (`with_memory`)."""
+  """A method ready to run: its drafter, K (an int or "auto"; a tree's depth), a
+  description, whether the runner hands it the suffix memory of the questions before
+  (`with_memory`), and the static tree it drafts, if any (then `k` is the tree's depth)."""
 
   drafter: Any
   k: Any
   description: str
   with_memory: bool = False
+  tree: Any = None  # jspec.Tree or None (a chain of k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +96,11 @@ def _recycling(setup: Setup) -> Built:
     cls = getattr(jspec, "TokenRecycling")
   except AttributeError:
     raise Unavailable("jspec.TokenRecycling is not in this version of jspec") from None
-  return Built(cls(_vocab(setup)), setup.k,
-               f"Token Recycling, matrix carried across questions, K = {setup.k}")
+  # The configuration the leaderboard's row measures: the reference code's tree and top-8.
+  tree = cls.paper_tree()
+  return Built(cls(_vocab(setup)), tree.max_depth,
+               f"Token Recycling, the paper's static tree ({tree.num_nodes} nodes, depth "
+               f"{tree.max_depth}), matrix carried across questions", tree=tree)
 
 
 def _datastore(setup: Setup) -> Built:
