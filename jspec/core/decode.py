@@ -74,8 +74,14 @@ class DecodeConfig:
   # A BranchDrafter's side branch (lookahead): M more nodes in each verify call, computed
   # for the drafter only (`tree.with_side`). Needs a tree.
   side: Tree | None = None
+  # Decoder layers whose outputs plain decoding records at every slot (`Model.with_features`,
+  # concatenated), for training drafters on the answers as they are generated; () : none.
+  record: tuple[int, ...] = ()
 
   def __post_init__(self):
+    if self.record and (self.num_draft_tokens != 0 or self.tree is not None):
+      raise ValueError("record= (the target's features at every slot) is for plain decoding "
+                       "(num_draft_tokens=0, no tree)")
     if self.tree is not None and self.num_draft_tokens != self.tree.max_depth:
       raise ValueError(f"num_draft_tokens ({self.num_draft_tokens}) must equal the tree's depth "
                        f"({self.tree.max_depth})")
@@ -128,6 +134,9 @@ class DecodeState:
   constraint: constrained.ConstraintRows | None = None
   # The tokens each row has seen, for the penalties (`jspec.core.penalties`); None: none.
   seen: penalties_lib.Seen | None = None
+  # `DecodeConfig.record`: the recorded layers' outputs at each slot, filled for slots
+  # 0..L-2 (the prefill's, then one per plain round); None when off.
+  recorded: jax.Array | None = None  # [B, S, len(record) * D]
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
@@ -147,6 +156,8 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   K = config.num_draft_tokens
   target, drafter = prepared(target, drafter)
   target = target_for(target, drafter)
+  if config.record:
+    target = target.with_features(config.record)
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
@@ -156,8 +167,17 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)
     with jax.named_scope("target_prefill"):
       cache, hidden, prompt_ids = prefill.observed(
-          target, tokens, prompt_lengths, cache, uses_features(drafter),
+          target, tokens, prompt_lengths, cache, uses_features(drafter) or bool(config.record),
           drafter.observed_top_k if observing else 0)
+  recorded = None
+  if config.record:  # slots 0..P-2 from the prefill; each plain round adds its slot
+    width = jax.eval_shape(lambda c: target.apply(tokens[:, :1], c, prompt_lengths * 0),
+                           cache)[1].shape[-1]
+    recorded = jnp.zeros((B, S, width), target.dtype)
+    if hidden is not None:  # the padding's slots, past a row's L-2, hold nothing
+      fed = jnp.arange(P - 1, dtype=jnp.int32)[None, :] < (prompt_lengths - 1)[:, None]
+      recorded = recorded.at[:, :P - 1].set(
+          jnp.where(fed[:, :, None], hidden, 0).astype(target.dtype))
   features = feature_start = None
   if drafter is None:
     drafter_state = None
@@ -198,6 +218,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
                 else logprobs_lib.init_buffers(config.logprobs, B, S)),
       constraint=constraint,
       seen=penalties_lib.init(params, tokens, prompt_lengths, target.vocab_size),
+      recorded=recorded,
   )
 
 
@@ -225,6 +246,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
   tokens), accept, commit. Returns the new state and what the round did."""
   K, S, W = config.num_draft_tokens, config.cache_length, config.block_width
   target = target_for(target, drafter)
+  if config.record:
+    target = target.with_features(config.record)
   L = state.lengths
   round_keys = sampling.fold(state.keys, state.stats.target_calls)
   # Drafters that draw nothing at random (all built-in ones when greedy) leave these
@@ -259,6 +282,11 @@ def decode_round(target: Model, drafter, state: DecodeState,
     state = dataclasses.replace(state, features=hidden.astype(state.features.dtype),
                                 feature_start=start)
   active = ~state.done
+  if state.recorded is not None:  # plain decoding: the one fed slot, L-1, of active rows
+    slot = jnp.where(active, start, S)  # out of range: dropped
+    state = dataclasses.replace(state, recorded=jax.vmap(
+        lambda buf, s, h: buf.at[s].set(h, mode="drop"))(
+            state.recorded, slot, hidden[:, 0].astype(state.recorded.dtype)))
   drafts = K if config.tree is None else config.tree.num_nodes - 1
   state, count = _commit(state, n, emitted, K, records)
   token = jnp.take_along_axis(emitted, n[:, None], axis=1)[:, 0]

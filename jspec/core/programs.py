@@ -8,8 +8,10 @@ usable directly from jitted code's neighbourhood: `jspec.planner` is one caller.
 
 Returns (both): out [B, S] int32 new tokens left-aligned (-1 past each row's end),
 lengths [B] int32, stats (`DecodeStats`), records (`logprobs.output`, or None), memory
-(a `RememberingDrafter`'s `remembered` state after the loop, or None); `auto` adds
-rounds [len(choices)] int32, the rounds run at each K.
+(a `RememberingDrafter`'s `remembered` state after the loop, or None); `fixed` adds
+recorded [B, S, F] (`DecodeConfig.record`: the recorded layers at every slot of each
+row's prompt and output, filled for slots 0..L-2; None when off), `auto` adds rounds
+[len(choices)] int32, the rounds run at each K.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def fixed(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, see
   state = decode.decode_loop(target, drafter, state, config, channel)
   out, new_lengths = decode.output_tokens(state)
   return (out, new_lengths, state.stats, _records(state),
-          remembered(drafter, state.drafter_state))
+          remembered(drafter, state.drafter_state), state.recorded)
 
 
 @compilation.program(static_argnames=("config", "auto"))

@@ -38,7 +38,7 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
              min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
              logit_bias=None, eos_id=None, seed=0, prompt_lengths=None, cache_length=None,
              mesh=None, rules=None, stream=None, return_logprobs=False,
-             constraint=None) -> GenerateOutput:
+             constraint=None, return_features=None) -> GenerateOutput:
   """Plain autoregressive decoding (the K = 0 loop): one target call per token.
 
   Args:
@@ -88,13 +88,39 @@ def generate(model: Model, prompts, *, max_new_tokens, temperature=0.0, top_k=0,
       max_new_tokens before its match is complete ends mid-match; give the
       constraint's EOS ids as stop ids (the default when both come from the model's
       tokenizer) so that rows end when the match does.
+    return_features: decoder layer indices (a tuple; None: off). `out.features`
+      [B, S, len(layers) * D] then holds the outputs of those layers (the residual
+      stream after each, concatenated, `Model.with_features`) at every slot of each
+      row's prompt and output, slot s being the s-th token of the row's prompt +
+      output; slots 0 .. prompt_length + length - 2 are filled (the last token is
+      never fed), the rest are zeros. They come from the passes that generate the
+      tokens (the prefill, then each step), so a drafter's training features (EAGLE-3,
+      DFlash) need no second pass over the answers.
   """
   if not isinstance(model, Model):
     raise TypeError(f"model must be a jspec.Model, got {type(model).__name__}")
+  record = _record_layers(model, return_features)
   settings = _settings(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                        frequency_penalty, logit_bias)
   return _run(model, None, prompts, max_new_tokens, settings, eos_id, seed, prompt_lengths,
-              cache_length, mesh, rules, stream, return_logprobs, constraint)
+              cache_length, mesh, rules, stream, return_logprobs, constraint, record)
+
+
+def _record_layers(model: Model, layers) -> tuple[int, ...]:
+  """`return_features`, checked before anything traces: () when None."""
+  if layers is None:
+    return ()
+  if isinstance(layers, (int, np.integer)) or not all(
+      isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers):
+    raise TypeError(f"return_features must be a tuple of decoder layer indices, got {layers!r}")
+  layers = tuple(int(i) for i in layers)
+  if not layers:
+    raise ValueError("return_features=(): give at least one decoder layer index, or None")
+  if model.features_fn is None:
+    raise TypeError("return_features needs a jspec.Model with a features_fn (its decoder "
+                    "layers' outputs)")
+  model.with_features(layers)  # the architecture checks the indices (a clear ValueError)
+  return layers
 
 
 def speculative_generate(target: Model, draft, prompts, *, num_draft_tokens=None, max_new_tokens,
@@ -157,7 +183,7 @@ def _settings(temperature, top_k, top_p, min_p, repetition_penalty, presence_pen
 
 def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_tokens,
          settings: dict, eos_id, seed, prompt_lengths, cache_length, mesh, rules, stream,
-         return_logprobs, constraint) -> GenerateOutput:
+         return_logprobs, constraint, record: tuple[int, ...] = ()) -> GenerateOutput:
   """One call: check, plan, place, run the program, cut its outputs."""
   logprob_spec = logprobs.as_spec(return_logprobs)
   if stream is not None and not callable(stream):
@@ -187,19 +213,22 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
       K = max(costs.choices)
   config = decode.DecodeConfig(num_draft_tokens=K, cache_length=request.cache_length,
                                layout=layout, tree=tree, logprobs=logprob_spec, side=side,
-                               stream=None if stream is None else streams.deliver)
+                               stream=None if stream is None else streams.deliver,
+                               record=record)
   listening = contextlib.nullcontext(0) if stream is None else streams.channel(stream)
   with listening as channel:
     args = (target, drafter, rows.tokens, rows.lengths, rows.max_new, rows.params,
             rows.eos_ids, rows.seeds, rows.constraint, np.int32(channel))
     if auto is None:
-      result, rounds = programs.fixed(*args, config=config), None
+      *result, recorded = programs.fixed(*args, config=config)
+      rounds = None
     else:
       *result, rounds = programs.auto(*args, jnp.asarray(costs.costs, jnp.float32),
                                       jnp.asarray(costs.catch_up, jnp.float32), config=config,
                                       auto=auto)
-    out, new_lengths, stats, records, returned, rounds = placement.gathered(
-        layout, (*result, rounds))
+      recorded = None
+    out, new_lengths, stats, records, returned, rounds, recorded = placement.gathered(
+        layout, (*result, rounds, recorded))
   memory = memory if returned is None else returned
   by_k = None
   if rounds is not None:
@@ -207,4 +236,4 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
   elif costs is not None:  # "auto" chose plain decoding for the whole call
     by_k = {0: int(np.max(np.asarray(stats.target_calls)))}
   return outputs.collect(out, new_lengths, stats, records, int(request.max_new.max()), by_k,
-                         memory)
+                         memory, recorded)

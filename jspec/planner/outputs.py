@@ -28,10 +28,13 @@ class GenerateOutput:
   # A `RememberingDrafter`'s memory after the call (`jspec.TokenRecycling`: its adjacency
   # matrix [V, k] int32), for the next call's drafter; None for other drafters.
   memory: Any = None
+  # return_features (`generate`): the recorded decoder layers' outputs at every slot of
+  # each row's prompt + output, filled for slots 0..prompt_length + length - 2.
+  features: jax.Array | None = None  # [B, S, len(layers) * D]
 
 
 def collect(out, lengths, stats, records, width: int, rounds_by_k: dict | None,
-            memory: Any = None) -> GenerateOutput:
+            memory: Any = None, features=None) -> GenerateOutput:
   """The output of a call whose longest row asked for `width` new tokens.
 
   out [B, S], lengths [B], stats, records (`logprobs.output`, or None) and memory (a
@@ -42,7 +45,7 @@ def collect(out, lengths, stats, records, width: int, rounds_by_k: dict | None,
                  top_ids=None if records.top_ids is None else records.top_ids[:, :width],
                  top_logprobs=None if records.top_values is None else records.top_values[:, :width])
   return GenerateOutput(tokens=out[:, :width], lengths=lengths, stats=stats,
-                        rounds_by_k=rounds_by_k, memory=memory, **extra)
+                        rounds_by_k=rounds_by_k, memory=memory, features=features, **extra)
 
 
 def rounds_by_k(choices, rounds) -> dict[int, int]:
