@@ -99,19 +99,43 @@ def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarr
   return feats, labels
 
 
+def captured_windows(data: dict, chosen: np.ndarray, captured: dict):
+  """Features [N, T, F] (uint16: bf16 bits, zeros where not captured) and labels [N, T]
+  of the windows whose store row (`chosen`) has captured features
+  (`answer_features.stored`), and the mask [N] of those windows."""
+  N, T = data["windows"].shape
+  have = np.asarray([int(r) in captured for r in chosen], bool)
+  feats = labels = None
+  for i in np.flatnonzero(have):
+    f, l = captured[int(chosen[i])]
+    if feats is None:
+      feats = np.zeros((N, T, f.shape[-1]), np.uint16)
+      labels = np.zeros((N, T), np.int32)
+    n = min(T, len(l))
+    feats[i, :n], labels[i, :n] = f[:n], np.maximum(l[:n], 0)
+  return feats, labels, have
+
+
 def ensure_answer_data(target, work: str, store: str, features_fn, *, window: int,
                        heldout: int, max_windows: int | None, layers, seed: int = 0,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, features_dir: str | None = None) -> dict:
   """The store's windows with features, cached in `work`: windows, valid, features
   [N, T, len(layers) * D] bf16, labels, kinds, prompt_lengths, answer_lengths [N], rows
-  (the store row of each window), heldout_rows and train_rows (indices into the arrays)."""
+  (the store row of each window), heldout_rows and train_rows (indices into the arrays).
+  Rows whose features were captured as they were generated (`features_dir`,
+  `jspec.recipes.answer_features`) take them from there; only the others are prefilled."""
   import jax.numpy as jnp
+
+  from jspec.recipes import answer_features
 
   manifest = A.read_manifest(store)
   if manifest is None:
     raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store")
+  captured = answer_features.stored(manifest, features_dir, tuple(layers))
   key = {"shards": [e["sha256"] for e in manifest["shards"]], "window": window,
          "heldout": heldout, "max_windows": max_windows, "layers": list(layers), "seed": seed}
+  if captured:  # (the key of a store without captured rows is as before)
+    key["captured_rows"] = len(captured)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
   os.makedirs(work, exist_ok=True)
   path = os.path.join(work, f"answers-{digest}.npz")
@@ -121,10 +145,18 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
     chosen = np.concatenate([held, train])
     data = windows_of([rows[i] for i in chosen], window)
     lengths = data["prompt_lengths"] + data["answer_lengths"]
-    features, labels = chunked_features(features_fn, target, data["windows"], lengths, layers,
-                                        progress=progress)
+    features, labels, have = captured_windows(data, chosen, captured)
+    missing = np.flatnonzero(~have)
+    if len(missing):  # a prefill over the rows nobody captured
+      f, l = chunked_features(features_fn, target, data["windows"][missing], lengths[missing],
+                              layers, progress=progress)
+      f = f.view(np.uint16)
+      if features is None:
+        features = np.zeros((len(chosen),) + f.shape[1:], np.uint16)
+        labels = np.zeros((len(chosen), f.shape[1]), np.int32)
+      features[missing], labels[missing] = f, l
     tmp = path + ".tmp.npz"
-    np.savez(tmp, features=features.view(np.uint16), labels=labels, rows=chosen,
+    np.savez(tmp, features=features, labels=labels, rows=chosen,
              heldout_rows=np.arange(len(held)),
              train_rows=np.arange(len(held), len(chosen)), **data)
     os.replace(tmp, path)

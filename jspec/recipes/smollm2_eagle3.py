@@ -381,6 +381,9 @@ def main(argv=None) -> int:
   parser.add_argument("--ttt", type=int, default=3)
   parser.add_argument("--eval-prompts", type=int, default=4, help="held-out chat prompts per kind")
   parser.add_argument("--eval-tokens", type=int, default=96)
+  parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
+                      help="features captured with the answers (`answers generate --features`): "
+                           "rows found there are not prefilled again")
   parser.add_argument("--answers", default=None, metavar="DIR",
                       help="train on an answer store (jspec.recipes.answers) instead of "
                            "generating code answers; --prompts/--max-prompt/--new-tokens unused")
@@ -412,7 +415,7 @@ def main(argv=None) -> int:
     data = answer_windows.ensure_answer_data(
         target, args.work, args.answers, _features, window=args.window, heldout=args.heldout,
         max_windows=args.max_windows, layers=fused if args.kind == "eagle3" else stored,
-        progress=not args.no_progress)
+        progress=not args.no_progress, features_dir=args.features_dir)
     held_rows, train_rows = data["heldout_rows"], data["train_rows"]
     n = len(train_rows)
   else:
