@@ -273,6 +273,15 @@ def test_runs_over_categories_merge_into_the_run_over_all(tiny_gguf, tmp_path, c
     assert (got["tokens"], got["target_calls"]) == (cell["tokens"], cell["target_calls"]), g
     assert got["position_acceptance"] == cell["position_acceptance"]
   assert merged["costs"] == parts[1]["costs"] and len(merged["merged_costs"]) == 2
+  # Each category predicted with its own run's costs; overall: tokens over summed time.
+  for part in parts:
+    for g, cell in part["results"]["greedy"]["ngram"].items():
+      if g != "overall":
+        assert merged["results"]["greedy"]["ngram"][g] == cell
+  cells = [p["results"]["greedy"]["ngram"]["overall"] for p in parts]
+  assert merged["results"]["greedy"]["ngram"]["overall"]["predicted_accelerator"] == (
+      pytest.approx(sum(c["tokens"] for c in cells)
+                    / sum(c["tokens"] / c["predicted_accelerator"] for c in cells)))
   assert "Question Answering" in capsys.readouterr().out
   # Reports that do not belong together are refused.
   with pytest.raises(SystemExit, match="question 81 is in both"):

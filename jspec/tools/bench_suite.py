@@ -158,10 +158,11 @@ MERGED_SETTINGS = ("max_new_tokens", "repeats", "k", "sampled", "batch", "seed")
 
 def merge(paths: list[str]) -> dict:
   """One report from the reports of runs over different questions (`--categories`): items,
-  questions and mismatches joined, figures recomputed from the items, the costs those of
-  the first report (each run measures its own; they move little between runs on one
-  machine, and the report lists every run's under "merged_costs"). Refuses reports of
-  another target, settings or method set, or sharing a question."""
+  questions and mismatches joined, figures recomputed from the items; each category's
+  predictions use the costs its own run measured (at its prompts' lengths), "overall"
+  combines them (tokens over summed predicted time); "costs" is the first report's, every
+  run's are under "merged_costs". Refuses reports of another target, settings or method
+  set, or sharing a question."""
   from jspec.tools import spec_bench_report as R
 
   reports = []
@@ -196,6 +197,20 @@ def merge(paths: list[str]) -> dict:
   sampled = bool(first["settings"]["sampled"])
   costs = first["costs"]
   results = R.aggregate(items, methods, sampled, costs)
+  # Each category's predictions with the costs its own run measured (at its own prompts'
+  # lengths); "overall" combines them: its tokens over the summed predicted times.
+  parts = [R.aggregate(r["items"], methods, sampled, r["costs"]) for r in reports]
+  for mode, table in results.items():
+    for name, row in table.items():
+      for part in parts:
+        for g, cell in part[mode][name].items():
+          if g != "overall":
+            row[g] = cell
+      for key in ("predicted_accelerator", "ideal_here"):
+        cells = [p[mode][name]["overall"] for p in parts]
+        if all(c.get(key) for c in cells):
+          row["overall"][key] = (sum(c["tokens"] for c in cells)
+                                 / sum(c["tokens"] / c[key] for c in cells))
   counts = {}
   for r in reports:
     for g, n in r["prompts_by_category"].items():
