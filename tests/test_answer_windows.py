@@ -100,6 +100,20 @@ def test_features_are_the_targets_and_cached(tmp_path):
   again = W.ensure_answer_data(target, str(tmp_path / "work"), store, None, window=24,
                                heldout=2, max_windows=None, layers=(0, 1, 1), progress=False)
   np.testing.assert_array_equal(again["labels"], data["labels"])
+  # Fewer training windows read the same cache (no features computed: None would fail) and
+  # train on the split's first rows: nested parts, the held-out rows unchanged.
+  rows = data["rows"]
+  parts = [W.ensure_answer_data(target, str(tmp_path / "work"), store, None, window=24,
+                                heldout=2, max_windows=m, layers=(0, 1, 1), progress=False)
+           for m in (2, 5)]
+  small, large = (set(rows[p["train_rows"]].tolist()) for p in parts)
+  assert len(small) == 2 and len(large) == 5 and small < large
+  assert large < set(rows[data["train_rows"]].tolist())
+  for p in parts:
+    np.testing.assert_array_equal(rows[p["heldout_rows"]], rows[data["heldout_rows"]])
+  _, expected = W.split(9, 2, 5, 0)
+  assert large == set(expected.tolist())
+  assert len([f for f in os.listdir(tmp_path / "work") if f.endswith(".npz")]) == 1
 
 
 @pytest.mark.slow  # training

@@ -132,8 +132,12 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
   if manifest is None:
     raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store")
   captured = answer_features.stored(manifest, features_dir, tuple(layers))
+  if max_windows is not None and max_windows < 1:
+    raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+  # Features for every row, whatever max_windows: runs over nested parts of one store
+  # (a learning curve) share one cache, and max_windows picks the training rows after.
   key = {"shards": [e["sha256"] for e in manifest["shards"]], "window": window,
-         "heldout": heldout, "max_windows": max_windows, "layers": list(layers), "seed": seed}
+         "heldout": heldout, "max_windows": None, "layers": list(layers), "seed": seed}
   if captured:  # (the key of a store without captured rows is as before)
     key["captured_rows"] = len(captured)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -141,7 +145,7 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
   path = os.path.join(work, f"answers-{digest}.npz")
   if not os.path.isfile(path):
     rows = store_rows(store)
-    held, train = split(len(rows), heldout, max_windows, seed)
+    held, train = split(len(rows), heldout, None, seed)
     chosen = np.concatenate([held, train])
     data = windows_of([rows[i] for i in chosen], window)
     lengths = data["prompt_lengths"] + data["answer_lengths"]
@@ -165,4 +169,8 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
   z = np.load(path)
   data = {k: z[k] for k in z.files}
   data["features"] = data["features"].view(jnp.bfloat16)
+  if max_windows is not None:  # the split's first max_windows training rows, as `split` picks
+    _, train = split(int(manifest["totals"]["rows"]), heldout, max_windows, seed)
+    keep = np.isin(data["rows"][data["train_rows"]], train)
+    data["train_rows"] = data["train_rows"][keep]
   return data
