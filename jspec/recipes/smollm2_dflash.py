@@ -72,6 +72,9 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the drafter (replaced)")
   parser.add_argument("--target", default=None, help="GGUF file or checkpoint (default SmolLM2)")
+  parser.add_argument("--feature-cache", default=None, metavar="DIR",
+                      help="where the store's window features are cached (default --work): "
+                           "runs with different --work share it")
   parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
                       help="features captured with the answers (`answers generate --features`): "
                            "rows found there are not prefilled again")
@@ -106,8 +109,8 @@ def main(argv=None) -> int:
   timings = {}
   t0 = time.perf_counter()
   data = answer_windows.ensure_answer_data(
-      target, args.work, args.answers, features_and_labels, window=args.window,
-      heldout=args.heldout, max_windows=args.max_windows, layers=fused,
+      target, args.feature_cache or args.work, args.answers, features_and_labels,
+      window=args.window, heldout=args.heldout, max_windows=args.max_windows, layers=fused,
       progress=not args.no_progress, features_dir=args.features_dir)
   data["features"] = data["features"][..., :len(fused) * target.config.hidden_size]
   timings["data"] = round(time.perf_counter() - t0, 1)

@@ -381,6 +381,9 @@ def main(argv=None) -> int:
   parser.add_argument("--ttt", type=int, default=3)
   parser.add_argument("--eval-prompts", type=int, default=4, help="held-out chat prompts per kind")
   parser.add_argument("--eval-tokens", type=int, default=96)
+  parser.add_argument("--feature-cache", default=None, metavar="DIR",
+                      help="where the store's window features are cached (default --work): "
+                           "runs with different --work share it")
   parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
                       help="features captured with the answers (`answers generate --features`): "
                            "rows found there are not prefilled again")
@@ -413,8 +416,9 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   if args.answers:
     data = answer_windows.ensure_answer_data(
-        target, args.work, args.answers, _features, window=args.window, heldout=args.heldout,
-        max_windows=args.max_windows, layers=fused if args.kind == "eagle3" else stored,
+        target, args.feature_cache or args.work, args.answers, _features, window=args.window,
+        heldout=args.heldout, max_windows=args.max_windows,
+        layers=fused if args.kind == "eagle3" else stored,
         progress=not args.no_progress, features_dir=args.features_dir)
     held_rows, train_rows = data["heldout_rows"], data["train_rows"]
     n = len(train_rows)

@@ -1,0 +1,209 @@
+"""How a head's held-out tau grows with its training data: a resumable curve over nested
+parts of the answer store, and the fit of tau against log tokens.
+
+    python -m jspec.recipes.learning_curve --head eagle3 --answers data/smollm2_answers \\
+        --tokens 25000,50000,100000,200000,400000 --out .recipe/curve [--epochs 2] \\
+        [-- ARGS FOR THE RECIPE, e.g. --form published --window 384 --heldout 64]
+
+Each point trains the head's recipe (`smollm2_eagle3` for eagle3 / eagle1, `smollm2_dflash`
+for dflash) on the first windows of the store's seeded split (`answer_windows.split`: the
+parts are nested, the held-out windows the same for every point) holding at least that many
+answer tokens in the loss, for `--epochs` passes over them (steps = epochs x windows /
+batch, at least `--min-steps`), then reads its manifest: held-out chat tau at K = 4 per
+kind (the recipe's measurement) and the held-out windows' metrics, with the wall and CPU
+seconds of the point. A point whose manifest exists is read, not rerun: a curve grows
+across sessions (`--tokens` with more points, a larger store). The features are computed
+once per store (or read from the capture buffer, `answers generate --features`) and shared
+by every point.
+
+The fit: tau = a + b log10(tokens) by least squares over the points (b: tau gained per
+tenfold data), its R^2, and the tokens at which the line would reach `--goal` (3.0 by
+default), reported as an extrapolation, not a measurement. Written to OUT/curve.json and,
+with matplotlib, OUT/curve.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+RECIPES = {"eagle3": "jspec.recipes.smollm2_eagle3", "eagle1": "jspec.recipes.smollm2_eagle3",
+           "dflash": "jspec.recipes.smollm2_dflash"}
+
+
+def windows_for(answers: str, tokens: int, window: int, heldout: int, seed: int = 0) -> tuple[int, int]:
+  """(windows, answer tokens in their loss) of the smallest prefix of the store's training
+  split whose windows hold at least `tokens` answer tokens in the loss (all of it when the
+  store is smaller: then the tokens are fewer than asked)."""
+  from jspec.recipes import answer_windows as W
+
+  rows = W.store_rows(answers)
+  W.split(len(rows), heldout, None, seed)  # (checks heldout)
+  order = np.random.default_rng(seed).permutation(len(rows))[heldout:]  # as `split` takes them
+  total = 0
+  for n, i in enumerate(order, 1):
+    prompt, answer, _ = rows[i]
+    P = min(len(prompt), window)
+    total += max(0, min(len(prompt) + len(answer), window) - P)  # answer ids in the window
+    if total >= tokens:
+      return n, total
+  return len(order), total
+
+
+def fit(points: list[dict], goal: float) -> dict | None:
+  """Least squares tau = a + b log10(tokens); None with fewer than two distinct sizes."""
+  x = np.log10([p["answer_tokens"] for p in points])
+  y = np.asarray([p["tau"] for p in points], float)
+  if len(set(x.tolist())) < 2:
+    return None
+  b, a = np.polyfit(x, y, 1)
+  pred = a + b * x
+  ss = float(np.sum((y - y.mean()) ** 2))
+  r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss if ss > 0 else 1.0
+  reach = 10 ** ((goal - a) / b) if b > 0 else None
+  return {"a": float(a), "b_per_decade": float(b), "r2": r2, "goal": goal,
+          "tokens_at_goal_extrapolated": None if reach is None or not math.isfinite(reach)
+          else float(reach)}
+
+
+def _cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def run_point(head: str, answers: str, out: str, tokens: int, windows: int, steps: int,
+              recipe_args: list[str], work: str) -> dict:
+  """Trains (unless its manifest exists) and reads one point."""
+  import importlib
+
+  folder = os.path.join(out, f"{head}-{tokens}")
+  manifest_path = os.path.join(folder, "manifest.json")
+  timing_path = os.path.join(folder, "curve_point.json")
+  if not os.path.isfile(manifest_path):
+    recipe = importlib.import_module(RECIPES[head])
+    # Training state per point (a point resumes only itself); the features shared.
+    argv = ["--answers", answers, "--out", folder, "--work", os.path.join(work, f"{head}-{tokens}"),
+            "--feature-cache", os.path.join(work, "features"), "--max-windows", str(windows),
+            "--steps", str(steps), "--no-progress"]
+    if head in ("eagle3", "eagle1"):
+      argv += ["--kind", head]
+    t0, c0 = time.perf_counter(), _cpu_seconds()
+    rc = recipe.main(argv + recipe_args)
+    if rc not in (0, None):
+      raise SystemExit(f"the {head} recipe failed at {tokens} tokens (exit {rc})")
+    with open(timing_path, "w") as f:
+      json.dump({"wall_seconds": time.perf_counter() - t0, "cpu_seconds": _cpu_seconds() - c0,
+                 "argv": argv + recipe_args}, f, indent=1)
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  timing = {}
+  if os.path.isfile(timing_path):
+    with open(timing_path) as f:
+      timing = json.load(f)
+  chat = manifest.get("chat_heldout_k4") or {}
+  taus = {k: v["tau"] for k, v in chat.items() if isinstance(v, dict) and "tau" in v}
+  if not taus:
+    raise SystemExit(f"{manifest_path}: no held-out chat tau (run the recipe with its "
+                     f"measure stage)")
+  return {"tokens_asked": tokens, "windows": windows, "steps": steps,
+          "tau_by_kind": taus, "tau": float(np.mean(list(taus.values()))),
+          "heldout_windows": manifest.get("heldout_windows")
+          or manifest.get("heldout_windows_metrics"),
+          "wall_seconds": timing.get("wall_seconds"), "cpu_seconds": timing.get("cpu_seconds"),
+          "folder": folder}
+
+
+def plot(curve: dict, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  pts = curve["points"]
+  x = [p["answer_tokens"] for p in pts]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.plot(x, [p["tau"] for p in pts], "o-", label=f"{curve['head']}: mean held-out chat tau")
+  for kind in pts[0]["tau_by_kind"]:
+    ax.plot(x, [p["tau_by_kind"][kind] for p in pts], ".", alpha=0.5, label=kind)
+  f = curve.get("fit")
+  if f:
+    xs = np.logspace(np.log10(min(x)), np.log10(max(x)) + 1, 50)
+    ax.plot(xs, f["a"] + f["b_per_decade"] * np.log10(xs), "--", color="gray",
+            label=f"fit: {f['b_per_decade']:+.2f} per tenfold (extrapolated past the data)")
+  ax.set_xscale("log")
+  ax.set_xlabel("answer tokens in the loss")
+  ax.set_ylabel("tau, K = 4")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  recipe_args = []
+  if "--" in argv:
+    cut = argv.index("--")
+    argv, recipe_args = argv[:cut], argv[cut + 1:]
+  ap = argparse.ArgumentParser(prog="python -m jspec.recipes.learning_curve",
+                               description=__doc__.splitlines()[0])
+  ap.add_argument("--head", choices=sorted(RECIPES), required=True)
+  ap.add_argument("--answers", required=True, help="the answer store")
+  ap.add_argument("--tokens", required=True, help="comma-separated answer-token counts")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--work", default=None, help="the recipes' work folder (default OUT/work)")
+  ap.add_argument("--epochs", type=float, default=2.0)
+  ap.add_argument("--min-steps", type=int, default=100)
+  ap.add_argument("--batch-size", type=int, default=4, help="the recipe's (passed on)")
+  ap.add_argument("--window", type=int, default=384, help="the recipe's (passed on)")
+  ap.add_argument("--heldout", type=int, default=64, help="the recipe's (passed on)")
+  ap.add_argument("--goal", type=float, default=3.0)
+  args = ap.parse_args(argv)
+  try:
+    sizes = sorted({int(float(t)) for t in args.tokens.split(",") if t.strip()})
+  except ValueError:
+    raise SystemExit(f"--tokens: comma-separated integers, got {args.tokens!r}") from None
+  if not sizes or sizes[0] < 1:
+    raise SystemExit(f"--tokens: give counts >= 1, got {args.tokens!r}")
+  if args.epochs <= 0:
+    raise SystemExit(f"--epochs must be > 0, got {args.epochs}")
+  recipe_args = recipe_args + ["--batch-size", str(args.batch_size), "--window",
+                               str(args.window), "--heldout", str(args.heldout)]
+  work = args.work or os.path.join(args.out, "work")
+  os.makedirs(args.out, exist_ok=True)
+  points = []
+  for tokens in sizes:
+    windows, held = windows_for(args.answers, tokens, args.window, args.heldout)
+    steps = max(args.min_steps, math.ceil(args.epochs * windows / args.batch_size))
+    point = run_point(args.head, args.answers, args.out, tokens, windows, steps, recipe_args,
+                      work)
+    point["answer_tokens"] = held
+    points.append(point)
+    print(f"{args.head}: {held:,} answer tokens ({windows} windows, {steps} steps): tau "
+          f"{point['tau']:.3f} " + " ".join(f"{k} {v:.2f}" for k, v in point["tau_by_kind"].items()),
+          flush=True)
+  curve = {"head": args.head, "answers": os.path.normpath(args.answers), "epochs": args.epochs,
+           "recipe_args": recipe_args, "points": points, "fit": fit(points, args.goal)}
+  with open(os.path.join(args.out, "curve.json"), "w") as f:
+    json.dump(curve, f, indent=1)
+  f = curve["fit"]
+  if f:
+    reach = f["tokens_at_goal_extrapolated"]
+    print(f"fit: tau = {f['a']:.3f} + {f['b_per_decade']:.3f} log10(tokens), R^2 {f['r2']:.2f}; "
+          + (f"the line reaches {args.goal} at about {reach:.3g} tokens (extrapolated)"
+             if reach else "the line does not rise"))
+  try:
+    plot(curve, os.path.join(args.out, "curve.png"))
+  except ImportError:
+    pass
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

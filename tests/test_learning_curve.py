@@ -1,0 +1,89 @@
+"""jspec.recipes.learning_curve: nested parts of the store's split sized by answer tokens,
+one recipe run per point (each its own training state, the features shared), points read
+rather than rerun, and the fit of tau against log tokens. The recipe is replaced by a fake
+that writes a manifest (the recipes' own runs are tested in their modules)."""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from jspec.recipes import answer_windows as W
+from jspec.recipes import learning_curve as LC
+from test_answer_windows import write_store
+
+
+def test_windows_for_takes_the_splits_prefix(tmp_path):
+  store = str(tmp_path / "store")
+  rows = write_store(store, rows_per_shard=(6, 6))
+  window, heldout = 16, 2
+  order = np.random.default_rng(0).permutation(len(rows))[heldout:]
+  counts = [max(0, min(len(p) + len(a), window) - min(len(p), window)) for p, a, _ in rows]
+  running = np.cumsum([counts[i] for i in order])
+  for tokens in (1, int(running[3]), int(running[3]) + 1, 10 ** 6):
+    n, held = LC.windows_for(store, tokens, window, heldout)
+    if tokens <= running[-1]:
+      assert held >= tokens and (n == 1 or running[n - 2] < tokens) and held == running[n - 1]
+    else:
+      assert n == len(order) and held == running[-1]  # the store is smaller than asked
+  # Those windows are the ones the recipes train on with --max-windows n.
+  _, train = W.split(len(rows), heldout, 5, 0)
+  assert sorted(order[:5].tolist()) == train.tolist()
+
+
+def test_fit_recovers_a_log_linear_curve():
+  points = [{"answer_tokens": t, "tau": 1.2 + 0.3 * math.log10(t / 1e4)} for t in (1e4, 1e5, 1e6)]
+  f = LC.fit(points, goal=3.0)
+  assert f["b_per_decade"] == pytest.approx(0.3) and f["r2"] == pytest.approx(1.0)
+  assert f["tokens_at_goal_extrapolated"] == pytest.approx(1e4 * 10 ** (1.8 / 0.3), rel=1e-6)
+  flat = LC.fit([{"answer_tokens": 1e4, "tau": 1.5}, {"answer_tokens": 1e5, "tau": 1.4}], 3.0)
+  assert flat["b_per_decade"] < 0 and flat["tokens_at_goal_extrapolated"] is None
+  assert LC.fit(points[:1], 3.0) is None
+
+
+def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypatch):
+  store = str(tmp_path / "store")
+  write_store(store, rows_per_shard=(6, 6))
+  calls = []
+
+  def fake_main(argv):
+    args = {a: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True)
+            for i, a in enumerate(argv) if a.startswith("--")}
+    calls.append(args)
+    windows = int(args["--max-windows"])
+    os.makedirs(args["--out"], exist_ok=True)
+    tau = 1.0 + 0.1 * windows
+    with open(os.path.join(args["--out"], "manifest.json"), "w") as f:
+      json.dump({"chat_heldout_k4": {"restate": {"tau": tau + 0.1}, "question": {"tau": tau - 0.1}},
+                 "heldout_windows": {"ce": 1.0}}, f)
+    return 0
+
+  fake = type(sys)("fake_recipe")
+  fake.main = fake_main
+  monkeypatch.setitem(sys.modules, "jspec.recipes.smollm2_eagle3", fake)
+  out = str(tmp_path / "curve")
+  argv = ["--head", "eagle3", "--answers", store, "--tokens", "20,60", "--out", out,
+          "--window", "16", "--heldout", "2", "--epochs", "2", "--min-steps", "3", "--",
+          "--form", "published"]
+  assert LC.main(argv) == 0
+  assert len(calls) == 2
+  for c in calls:
+    assert c["--form"] == "published" and c["--kind"] == "eagle3"
+    assert c["--feature-cache"] == os.path.join(out, "work", "features")
+    assert int(c["--steps"]) == max(3, math.ceil(2 * int(c["--max-windows"]) / 4))
+  assert calls[0]["--work"] != calls[1]["--work"]  # training state per point
+  assert int(calls[0]["--max-windows"]) < int(calls[1]["--max-windows"])
+  curve = json.loads(open(os.path.join(out, "curve.json")).read())
+  assert [p["tau"] for p in curve["points"]] == pytest.approx(
+      [1.0 + 0.1 * int(c["--max-windows"]) for c in calls])
+  assert curve["fit"]["b_per_decade"] > 0
+  assert all(p["cpu_seconds"] is not None for p in curve["points"])
+  # Run again with one more point: the two done are read, only the new one trains.
+  assert LC.main(argv[:5] + ["20,60,90"] + argv[6:]) == 0
+  assert len(calls) == 3 and len(json.loads(open(os.path.join(out, "curve.json")).read())[
+      "points"]) == 3
+  with pytest.raises(SystemExit, match="--tokens"):
+    LC.main(["--head", "eagle3", "--answers", store, "--tokens", "x", "--out", out])
