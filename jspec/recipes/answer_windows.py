@@ -116,6 +116,17 @@ def captured_windows(data: dict, chosen: np.ndarray, captured: dict):
   return feats, labels, have
 
 
+def add_feature_arguments(parser) -> None:
+  """The recipes' options for where window features come from: --feature-cache (the
+  cache's folder; default their --work) and --features-dir (the capture buffer)."""
+  parser.add_argument("--feature-cache", default=None, metavar="DIR",
+                      help="where the store's window features are cached (default --work): "
+                           "runs with different --work share it")
+  parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
+                      help="features captured with the answers (`answers generate --features`): "
+                           "rows found there are not prefilled again")
+
+
 def ensure_answer_data(target, work: str, store: str, features_fn, *, window: int,
                        heldout: int, max_windows: int | None, layers, seed: int = 0,
                        progress: bool = True, features_dir: str | None = None) -> dict:

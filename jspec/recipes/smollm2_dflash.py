@@ -72,12 +72,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the drafter (replaced)")
   parser.add_argument("--target", default=None, help="GGUF file or checkpoint (default SmolLM2)")
-  parser.add_argument("--feature-cache", default=None, metavar="DIR",
-                      help="where the store's window features are cached (default --work): "
-                           "runs with different --work share it")
-  parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
-                      help="features captured with the answers (`answers generate --features`): "
-                           "rows found there are not prefilled again")
+  answer_windows.add_feature_arguments(parser)
   parser.add_argument("--answers", required=True, metavar="DIR", help="an answer store")
   parser.add_argument("--work", default=os.path.join(".recipe", "smollm2"))
   parser.add_argument("--window", type=int, default=384)

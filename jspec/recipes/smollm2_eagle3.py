@@ -381,12 +381,7 @@ def main(argv=None) -> int:
   parser.add_argument("--ttt", type=int, default=3)
   parser.add_argument("--eval-prompts", type=int, default=4, help="held-out chat prompts per kind")
   parser.add_argument("--eval-tokens", type=int, default=96)
-  parser.add_argument("--feature-cache", default=None, metavar="DIR",
-                      help="where the store's window features are cached (default --work): "
-                           "runs with different --work share it")
-  parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
-                      help="features captured with the answers (`answers generate --features`): "
-                           "rows found there are not prefilled again")
+  answer_windows.add_feature_arguments(parser)
   parser.add_argument("--answers", default=None, metavar="DIR",
                       help="train on an answer store (jspec.recipes.answers) instead of "
                            "generating code answers; --prompts/--max-prompt/--new-tokens unused")
