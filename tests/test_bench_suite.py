@@ -369,3 +369,59 @@ def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf,
   assert np.all(seen[0] == -1)  # nothing verified before the first prompt
   learnt = [int(np.sum(m >= 0)) for m in seen]
   assert 0 < learnt[1] <= learnt[2], learnt  # rows written are kept and added to
+
+
+def test_trained_heads_run_as_chains_trees_and_blocks(tiny_gguf, tmp_path):
+  """An EAGLE head given with --eagle runs as a chain (eagle3) and as a dynamic tree of
+  --eagle-tree (eagle3-tree, priced at the tree's verify width); a DFlash drafter given with
+  --dflash runs as a chain (dflash); every answer equals plain greedy."""
+  import jax
+
+  from jspec.drafters import dflash as DF
+  from jspec.drafters import eagle as E
+  from jspec.io import drafter_layouts as PD
+
+  target = bench_suite._load_target(tiny_gguf)
+  config = E.EagleConfig.for_target(target.config, initializer_range=0.3,
+                                    feature_layers=(0, 1, 1))
+  E.save_eagle(E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config),
+               tmp_path / "eagle")
+  c = target.config
+  dconfig = DF.DFlashConfig(hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            intermediate_size=48, num_layers=1, block_size=4,
+                            mask_token_id=c.vocab_size - 1, feature_layers=(0,),
+                            initializer_range=0.3)
+  PD.export_drafter(jspec.DFlash.from_target(target, DF.init_params(dconfig, jax.random.key(2)),
+                                             dconfig), tmp_path / "dflash", "speculators")
+  out = tmp_path / "suite.json"
+  argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
+          write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--all", "--methods",
+          "eagle3,eagle3-tree,dflash", "--eagle", str(tmp_path / "eagle"), "--dflash",
+          str(tmp_path / "dflash"), "--eagle-tree", "6,3,2", "--fixed-k", "5",
+          "--max-new-tokens", "8", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
+          "--no-progress"]
+  assert cli.main(argv) == 0
+  report = json.loads(out.read_text())
+  assert report["mismatches"] == [] and report["unavailable"] == {}
+  assert report["methods"]["eagle3"]["k"] == 5
+  assert report["methods"]["eagle3-tree"]["k"] == 3  # the tree's depth
+  assert report["methods"]["dflash"]["k"] == 3  # block 4 drafts at most 3
+  cost = report["costs"]["methods"]
+  assert cost["eagle3"]["5"]["verify_tokens"] == 6
+  assert cost["eagle3-tree"]["3"]["verify_tokens"] == 6
+  assert cost["eagle3-tree"]["3"]["t_draft_round_ms"] is not None  # the dynamic round timed
+  for name in ("eagle3", "eagle3-tree", "dflash"):
+    run = report["items"][0]["runs"][name]
+    assert run["equal"] and run["tokens"] == report["items"][0]["runs"]["plain"]["tokens"]
+
+
+def test_the_eagle_tree_option_is_checked_before_the_model_loads(tmp_path, monkeypatch):
+  monkeypatch.setattr(bench_suite, "_load_target", lambda name: pytest.fail("loaded"))
+  path = write_questions(tmp_path / "q.jsonl")
+  for bad in ("8,3", "40,2,2", "a,b,c"):
+    with pytest.raises(SystemExit, match="--eagle-tree"):
+      cli.main(["bench", "--suite", "spec-bench", "--questions", path, "--eagle-tree", bad])
+  with pytest.raises(SystemExit, match="--dflash .*no such folder"):
+    cli.main(["bench", "--suite", "spec-bench", "--questions", path, "--dflash",
+              str(tmp_path / "none")])

@@ -87,3 +87,24 @@ def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypa
       "points"]) == 3
   with pytest.raises(SystemExit, match="--tokens"):
     LC.main(["--head", "eagle3", "--answers", store, "--tokens", "x", "--out", out])
+
+
+def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
+  from conftest import require
+
+  with pytest.raises(SystemExit):  # neither a curve nor a plot
+    LC.main(["--head", "eagle3", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit):
+    LC.main(["--plot", str(tmp_path / "none.json"), "--png", str(tmp_path / "x.png")])
+  if require("matplotlib", optional=True) is None:
+    return
+  names = []
+  for head, b in (("eagle3", 0.2), ("dflash", 0.05)):
+    pts = [{"answer_tokens": t, "tau": 1.0 + b * math.log10(t), "tau_by_kind": {"a": 1.0}}
+           for t in (1e4, 1e5)]
+    names.append(str(tmp_path / f"{head}.json"))
+    with open(names[-1], "w") as f:
+      json.dump({"head": head, "epochs": 2.0, "points": pts, "fit": LC.fit(pts, 3.0)}, f)
+  png = tmp_path / "both.png"
+  assert LC.main(["--plot", *names, "--png", str(png)]) == 0
+  assert png.stat().st_size > 1000

@@ -121,21 +121,37 @@ def run_point(head: str, answers: str, out: str, tokens: int, windows: int, step
 
 
 def plot(curve: dict, path: str) -> None:
+  """One curve: its mean tau, each kind's, and the fit."""
+  plot_curves([curve], path, kinds=True)
+
+
+def _label(curve: dict) -> str:
+  return curve.get("label") or f"{curve['head']}, {curve['epochs']:g} epochs"
+
+
+def plot_curves(curves: list[dict], path: str, kinds: bool = False) -> None:
+  """Several curves (heads, or one head at different epochs) on one log axis, each with its
+  fit drawn a decade past its last point."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  pts = curve["points"]
-  x = [p["answer_tokens"] for p in pts]
-  fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot(x, [p["tau"] for p in pts], "o-", label=f"{curve['head']}: mean held-out chat tau")
-  for kind in pts[0]["tau_by_kind"]:
-    ax.plot(x, [p["tau_by_kind"][kind] for p in pts], ".", alpha=0.5, label=kind)
-  f = curve.get("fit")
-  if f:
-    xs = np.logspace(np.log10(min(x)), np.log10(max(x)) + 1, 50)
-    ax.plot(xs, f["a"] + f["b_per_decade"] * np.log10(xs), "--", color="gray",
-            label=f"fit: {f['b_per_decade']:+.2f} per tenfold (extrapolated past the data)")
+  fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  for n, curve in enumerate(curves):
+    color = f"C{n}"
+    pts = curve["points"]
+    x = [p["answer_tokens"] for p in pts]
+    ax.plot(x, [p["tau"] for p in pts], "o-", color=color,
+            label=f"{_label(curve)}: mean held-out chat tau")
+    if kinds:
+      for j, kind in enumerate(pts[0]["tau_by_kind"]):
+        ax.plot(x, [p["tau_by_kind"][kind] for p in pts], ".", color=f"C{j + 1}", alpha=0.5,
+                label=kind)
+    f = curve.get("fit")
+    if f:
+      xs = np.logspace(np.log10(min(x)), np.log10(max(x)) + 1, 50)
+      ax.plot(xs, f["a"] + f["b_per_decade"] * np.log10(xs), "--", color=color, alpha=0.6,
+              label=f"fit: {f['b_per_decade']:+.2f} per tenfold (extrapolated past the data)")
   ax.set_xscale("log")
   ax.set_xlabel("answer tokens in the loss")
   ax.set_ylabel("tau, K = 4")
@@ -153,10 +169,13 @@ def main(argv=None) -> int:
     argv, recipe_args = argv[:cut], argv[cut + 1:]
   ap = argparse.ArgumentParser(prog="python -m jspec.recipes.learning_curve",
                                description=__doc__.splitlines()[0])
-  ap.add_argument("--head", choices=sorted(RECIPES), required=True)
-  ap.add_argument("--answers", required=True, help="the answer store")
-  ap.add_argument("--tokens", required=True, help="comma-separated answer-token counts")
-  ap.add_argument("--out", required=True)
+  ap.add_argument("--plot", nargs="+", metavar="CURVE.json", default=None,
+                  help="only draw these curves (curve.json files) together into --png")
+  ap.add_argument("--png", default=None, help="the figure --plot writes")
+  ap.add_argument("--head", choices=sorted(RECIPES))
+  ap.add_argument("--answers", help="the answer store")
+  ap.add_argument("--tokens", help="comma-separated answer-token counts")
+  ap.add_argument("--out")
   ap.add_argument("--work", default=None, help="the recipes' work folder (default OUT/work)")
   ap.add_argument("--epochs", type=float, default=2.0)
   ap.add_argument("--min-steps", type=int, default=100)
@@ -165,6 +184,23 @@ def main(argv=None) -> int:
   ap.add_argument("--heldout", type=int, default=64, help="the recipe's (passed on)")
   ap.add_argument("--goal", type=float, default=3.0)
   args = ap.parse_args(argv)
+  if args.plot:
+    if not args.png:
+      ap.error("--plot needs --png OUT.png")
+    curves = []
+    for name in args.plot:
+      try:
+        with open(name) as f:
+          curves.append(json.load(f))
+      except (OSError, ValueError) as e:
+        ap.error(f"--plot {name}: {e}")
+      if not curves[-1].get("points"):
+        ap.error(f"--plot {name}: no points")
+    plot_curves(curves, args.png)
+    return 0
+  missing = [f"--{n}" for n in ("head", "answers", "tokens", "out") if getattr(args, n) is None]
+  if missing:
+    ap.error(f"a curve needs {', '.join(missing)} (or --plot CURVE.json ... --png OUT)")
   try:
     sizes = sorted({int(float(t)) for t in args.tokens.split(",") if t.strip()})
   except ValueError:

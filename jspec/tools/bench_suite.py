@@ -67,11 +67,21 @@ def check(args) -> dict:
       _fail(f"--corpus: {e}")
   folders = {}
   for method, flag, value in (("draft", "--draft", args.draft), ("eagle3", "--eagle", args.eagle),
-                              ("medusa", "--medusa", args.medusa)):
+                              ("eagle3-tree", "--eagle", args.eagle),
+                              ("medusa", "--medusa", args.medusa),
+                              ("dflash", "--dflash", args.dflash)):
     if value is not None:
       if not os.path.isdir(value):
         _fail(f"{flag} {value}: no such folder")
       folders[method] = value
+  eagle_tree = None
+  if args.eagle_tree is not None:
+    import jspec
+    try:
+      nodes, depth, top_k = (int(x) for x in args.eagle_tree.split(","))
+      eagle_tree = jspec.DynamicTree(nodes=nodes, depth=depth, top_k=top_k)
+    except (TypeError, ValueError) as e:
+      _fail(f"--eagle-tree {args.eagle_tree!r}: give NODES,DEPTH,TOP_K of a dynamic tree ({e})")
   if args.plot:
     if importlib.util.find_spec("matplotlib") is None:
       _fail("--plot needs matplotlib: pip install 'jspec[plot]'")
@@ -85,7 +95,8 @@ def check(args) -> dict:
             f"{path} (its categories: {', '.join(present)})")
     drawn = [q for q in drawn if q.group in wanted]  # the same draw, fewer columns
   return {"questions_file": path, "questions": drawn,
-          "per_category": per_category, "methods": names, "corpus": corpus, "folders": folders}
+          "per_category": per_category, "methods": names, "corpus": corpus, "folders": folders,
+          "eagle_tree": eagle_tree}
 
 
 def _load_target(name: str):
@@ -274,7 +285,7 @@ def main(args) -> int:
     _fail(str(e))
   setup = suite_methods.Setup(target=target, k=args.fixed_k, corpus=corpus,
                               folders=opts["folders"], checkpoints=args.checkpoints,
-                              auto_over=args.auto_over)
+                              auto_over=args.auto_over, eagle_tree=opts["eagle_tree"])
   methods, skipped = suite_methods.build(opts["methods"], setup)
   counts = {g: sum(q.group == g for q in questions)
             for g in suite.columns(q.group for q in questions)}

@@ -493,7 +493,7 @@ def main(argv=None) -> int:
   g.add_argument("--seed", type=int, default=0, help="draws the questions (and T = 1 runs)")
   g.add_argument("--methods", default=None,
                  help="comma-separated, default all: ngram, suffix, lookahead, recycling, "
-                      "datastore, draft, eagle3, medusa, auto")
+                      "datastore, draft, eagle3, eagle3-tree, dflash, medusa, auto")
   g.add_argument("--corpus", default=None,
                  help="documents for the datastore method (JSONL with \"text\", or text "
                       "separated by '---' lines)")
@@ -503,6 +503,9 @@ def main(argv=None) -> int:
                  "one that fits)")
   g.add_argument("--medusa", default=None, help="a Medusa heads folder (default: the shipped "
                  "one that fits)")
+  g.add_argument("--dflash", default=None, help="a DFlash drafter folder (method dflash)")
+  g.add_argument("--eagle-tree", default=None, metavar="N,D,K",
+                 help="eagle3-tree's dynamic tree: nodes, depth, top-k (default 32,5,4)")
   g.add_argument("--auto-over", default="ngram", help="the drafter \"auto\" chooses K for")
   g.add_argument("--sampled", action="store_true",
                  help="also run every method at temperature 1, reported apart")

@@ -35,6 +35,7 @@ from jspec.planner.api import generate, speculative_generate
 from jspec.planner.inputs import cache_bucket
 from jspec.drafters.draft_model import DraftModel
 from jspec.core.decode import DecodeConfig
+from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.drafter import BranchDrafter, DraftContext, target_for, uses_features
 from jspec.core.drafter import prepared as prepared_drafter
 from jspec.core.model import Model
@@ -72,7 +73,7 @@ def per_prompt(outs) -> list[dict]:
 def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
                repeats: int = 20, target: Model | None = None, tree=None) -> float:
   """Median wall time of one `drafter.propose` of k drafts (with `tree`, a static
-  `jspec.Tree`: one `propose_tree`), jitted alone (greedy), on the
+  `jspec.Tree`: one `propose_tree`; a `jspec.DynamicTree`: one `propose_dynamic`), jitted alone (greedy), on the
   drafter in decoding form (`decode.prepared`, inside the program, as the decode loop
   runs it: per-layer weights, a reduced vocabulary's rows gathered once).
   A drafter that reads the target's features needs `target` (for their width; the
@@ -103,6 +104,8 @@ def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
   drafter = jax.jit(prepared_drafter)(drafter)
   if tree is None:
     propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
+  elif isinstance(tree, DynamicTree):  # grown from the drafter's confidences (EAGLE-2)
+    propose = jax.jit(lambda d, s, c, kk: d.propose_dynamic(s, c, tree, None, kk)[0])
   else:
     propose = jax.jit(lambda d, s, c, kk: d.propose_tree(s, c, tree, None, kk)[0])
   jax.block_until_ready(propose(drafter, state, context, keys))

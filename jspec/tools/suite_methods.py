@@ -13,6 +13,8 @@ is reported with its reason and skipped; it never stops the run.
     datastore  n-gram lookup in the context and a corpus given with --corpus (REST)
     draft      a draft model (SpS): checkpoints/smollm2-draft, or --draft DIR
     eagle3     an EAGLE head: checkpoints/smollm2-eagle3, or --eagle DIR
+    eagle3-tree  the same head growing a dynamic tree (EAGLE-2) of --eagle-tree N,D,k
+    dflash     a DFlash block drafter given with --dflash DIR (none is shipped)
     medusa     Medusa heads: checkpoints/code-medusa where it fits, or --medusa DIR
     auto       num_draft_tokens="auto" over the drafter of --auto-over (default ngram)
 
@@ -40,6 +42,12 @@ class Setup:
   folders: dict = dataclasses.field(default_factory=dict)  # method -> folder given by the user
   checkpoints: str | None = None  # the shipped checkpoints folder
   auto_over: str = "ngram"
+  eagle_tree: Any = None  # jspec.DynamicTree for eagle3-tree (None: DEFAULT_EAGLE_TREE)
+
+
+# EAGLE-2's dynamic tree within the 32-node budget a verify of about one step affords on an
+# accelerator at batch 1 (nodes, depth, children per candidate).
+DEFAULT_EAGLE_TREE = (32, 5, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +150,8 @@ def fitting(setup: Setup, method: str, shipped_names: tuple[str, ...], what: str
                      f"{_vocab(setup)}")
       continue
     return drafter, path
-  flag = {"draft": "--draft", "eagle3": "--eagle", "medusa": "--medusa"}[method]
+  flag = {"draft": "--draft", "eagle3": "--eagle", "medusa": "--medusa",
+          "dflash": "--dflash"}[method]
   tried = "; ".join(reasons) if reasons else f"none shipped ({', '.join(shipped_names)})"
   raise Unavailable(f"no {what} fits this target ({tried}); give one with {flag} DIR")
 
@@ -169,6 +178,30 @@ def _eagle3(setup: Setup) -> Built:
                f"chain of K = {setup.k}")
 
 
+def _eagle3_tree(setup: Setup) -> Built:
+  import jspec
+
+  tree = setup.eagle_tree or jspec.DynamicTree(*DEFAULT_EAGLE_TREE)
+  head = _eagle3(setup)
+  return Built(head.drafter, tree.max_depth, head.description.split(",")[0]
+               + f", dynamic tree (EAGLE-2) of {tree.num_nodes} nodes, depth {tree.max_depth}, "
+               f"top-{tree.top_k}", tree=tree)
+
+
+def _dflash(setup: Setup) -> Built:
+  import jspec
+
+  if setup.folders.get("dflash") is None:
+    raise Unavailable("no DFlash drafter is shipped: give one with --dflash DIR "
+                      "(python -m jspec.recipes.smollm2_dflash, or a published one)")
+  drafter, path = fitting(setup, "dflash", (), "DFlash drafter")
+  if not isinstance(drafter, jspec.DFlash):
+    raise Unavailable(f"{path} holds no DFlash drafter")
+  k = min(setup.k, drafter.max_draft_tokens)
+  return Built(drafter, k, f"DFlash block drafter {os.path.basename(os.path.normpath(path))}, "
+               f"block {drafter.draft_block}, chain of K = {k}")
+
+
 def _medusa(setup: Setup) -> Built:
   import jspec
   from jspec.io import shipped
@@ -186,6 +219,9 @@ def _auto(setup: Setup) -> Built:
     raise Unavailable(f"--auto-over {setup.auto_over}: \"auto\" drafts with a drafter whose "
                       f"K it can choose (not lookahead, which verifies its own tree)")
   inner = METHODS[setup.auto_over].build(setup)
+  if inner.tree is not None:
+    raise Unavailable(f"--auto-over {setup.auto_over}: it verifies a tree; \"auto\" chooses "
+                      f"the K of a chain")
   return Built(inner.drafter, "auto", f"num_draft_tokens=\"auto\" over {setup.auto_over}",
                with_memory=inner.with_memory)
 
@@ -198,6 +234,8 @@ METHODS: dict[str, Method] = {
     "datastore": Method("REST", _datastore),
     "draft": Method("SpS", _draft),
     "eagle3": Method("EAGLE", _eagle3),
+    "eagle3-tree": Method("EAGLE-2", _eagle3_tree),
+    "dflash": Method("(DFlash; not on the leaderboard)", _dflash),
     "medusa": Method("Medusa", _medusa),
     "auto": Method("(jspec's K per round; not on the leaderboard)", _auto),
 }
