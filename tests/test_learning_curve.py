@@ -108,3 +108,42 @@ def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
   png = tmp_path / "both.png"
   assert LC.main(["--plot", *names, "--png", str(png)]) == 0
   assert png.stat().st_size > 1000
+
+
+def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
+  """MT-Bench first turns in the target's chat template; a point's head measured on them
+  (answers equal to plain greedy) once, then read from its folder while the key holds."""
+  import jax
+
+  from jspec.drafters import eagle as E
+  from jspec.recipes import smollm2_eagle3
+  from jspec.tools import bench_suite
+  from test_bench_real import write_tiny_llama
+
+  target = bench_suite._load_target(write_tiny_llama(tmp_path / "tiny.gguf"))
+  questions = tmp_path / "q.jsonl"
+  questions.write_text("".join(json.dumps(r) + "\n" for r in [
+      {"question_id": 1, "category": "writing", "turns": ["abab cdcd", "again"]},
+      {"question_id": 2, "category": "qa", "turns": ["why"]},
+      {"question_id": 3, "category": "roleplay", "turns": ["you are a cat abab"]}]))
+  prompts = LC.conversation_prompts(target, str(questions), 2)
+  assert len(prompts) == 2 and prompts[0] != prompts[1]  # questions 1 and 3, not the QA one
+  with pytest.raises(SystemExit, match="holds 2 MT-Bench questions"):
+    LC.conversation_prompts(target, str(questions), 3)
+  config = E.EagleConfig.for_target(target.config, initializer_range=0.3,
+                                    feature_layers=(0, 1, 1))
+  folder = str(tmp_path / "point")
+  E.save_eagle(E.Eagle.from_target(target, E.init_params(config, jax.random.key(1)), config),
+               folder)
+  key = {"questions": "q.jsonl", "n": 2, "new_tokens": 6, "k": 4}
+  report = LC.conversation_tau(folder, target, prompts, key, 6)
+  assert report["greedy_equal"] and report["prompts"] == 2 and report["tau"] >= 1.0
+  assert "seconds" not in report  # timings beside training are not kept
+
+  def no_run(*a, **k):
+    raise AssertionError("measured again")
+
+  monkeypatch.setattr(smollm2_eagle3, "chat_acceptance", no_run)
+  assert LC.conversation_tau(folder, target, prompts, key, 6) == report
+  with pytest.raises(AssertionError, match="measured again"):  # another key: measured anew
+    LC.conversation_tau(folder, target, prompts, dict(key, n=1), 6)

