@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+import jspec
+
 from jspec.recipes import answer_windows as W
 from jspec.recipes import learning_curve as LC
 from test_answer_windows import write_store
@@ -111,8 +113,9 @@ def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
 
 
 def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
-  """MT-Bench first turns in the target's chat template; a point's head measured on them
-  (answers equal to plain greedy) once, then read from its folder while the key holds."""
+  """MT-Bench first turns in the target's chat template; a point's head measured on them in
+  one batch (answers equal to plain greedy, figures equal to batch 1's) once, then read from
+  its folder while the key holds."""
   import jax
 
   from jspec.drafters import eagle as E
@@ -138,12 +141,21 @@ def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
   key = {"questions": "q.jsonl", "n": 2, "new_tokens": 6, "k": 4}
   report = LC.conversation_tau(folder, target, prompts, key, 6)
   assert report["greedy_equal"] and report["prompts"] == 2 and report["tau"] >= 1.0
-  assert "seconds" not in report  # timings beside training are not kept
+  # One ragged batch gives batch 1's figures: greedy rows do not interact.
+  one = smollm2_eagle3.chat_acceptance(target, E.load_eagle(folder, target), prompts, 4, 6)
+  assert one["greedy_equal"]
+  assert (report["tau"], report["accept_hist"]) == (one["tau"], one["accept_hist"])
+  # The same with a drafter that is accepted often (the tiny model repeats itself).
+  ngram = jspec.NGram(target.vocab_size)
+  batched = LC.batched_acceptance(target, ngram, prompts, 4, 24)
+  one = smollm2_eagle3.chat_acceptance(target, ngram, prompts, 4, 24)
+  assert batched["greedy_equal"] and one["greedy_equal"] and batched["tau"] > 1.2
+  assert (batched["tau"], batched["accept_hist"]) == (one["tau"], one["accept_hist"])
 
   def no_run(*a, **k):
     raise AssertionError("measured again")
 
-  monkeypatch.setattr(smollm2_eagle3, "chat_acceptance", no_run)
+  monkeypatch.setattr(LC, "batched_acceptance", no_run)
   assert LC.conversation_tau(folder, target, prompts, key, 6) == report
   with pytest.raises(AssertionError, match="measured again"):  # another key: measured anew
     LC.conversation_tau(folder, target, prompts, dict(key, n=1), 6)
