@@ -159,3 +159,20 @@ def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
   assert LC.conversation_tau(folder, target, prompts, key, 6) == report
   with pytest.raises(AssertionError, match="measured again"):  # another key: measured anew
     LC.conversation_tau(folder, target, prompts, dict(key, n=1), 6)
+
+
+def test_the_acceptance_a_goal_needs_and_the_first_draft_fit():
+  p = LC.acceptance_for(3.0, 4)
+  assert sum(p ** i for i in range(5)) == pytest.approx(3.0) and 0.7 < p < 0.8
+  assert LC.acceptance_for(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+  assert LC.acceptance_for(6.0, 4) is None  # more than K + 1 per call
+  points = [{"answer_tokens": t, "heldout_windows": {"top1": 0.2 + 0.1 * math.log10(t / 1e4)}}
+            for t in (1e4, 1e5)]
+  f = LC.fit_first_draft(points, 3.0)
+  assert f["b_per_decade"] == pytest.approx(0.1) and f["acceptance_needed"] == pytest.approx(p)
+  assert f["tokens_at_acceptance_extrapolated"] == pytest.approx(1e4 * 10 ** ((p - 0.2) / 0.1))
+  # DFlash's manifests name the first slot's agreement apart from the mean over slots.
+  dflash = [{"answer_tokens": t, "heldout_windows": {"top1": 0.05, "top1_first": v}}
+            for t, v in ((1e4, 0.1), (1e5, 0.2))]
+  assert LC.fit_first_draft(dflash, 3.0)["b_per_decade"] == pytest.approx(0.1)
+  assert LC.fit_first_draft(points[:1], 3.0) is None

