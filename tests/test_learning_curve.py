@@ -151,6 +151,10 @@ def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
   one = smollm2_eagle3.chat_acceptance(target, ngram, prompts, 4, 24)
   assert batched["greedy_equal"] and one["greedy_equal"] and batched["tau"] > 1.2
   assert (batched["tau"], batched["accept_hist"]) == (one["tau"], one["accept_hist"])
+  # A dynamic tree (EAGLE-2) in the same batch: still plain greedy's answers.
+  grown = LC.batched_acceptance(target, E.load_eagle(folder, target), prompts, 4, 12,
+                                tree=jspec.DynamicTree(nodes=6, depth=3, top_k=2))
+  assert grown["greedy_equal"] and grown["k"] == 3 and len(grown["accept_hist"]) == 4
 
   def no_run(*a, **k):
     raise AssertionError("measured again")

@@ -137,10 +137,11 @@ def conversation_prompts(target, path: str, n: int) -> list[list[int]]:
 
 
 def batched_acceptance(target, drafter, prompts: list[list[int]], k: int,
-                       new_tokens: int) -> dict:
-  """Greedy K = k chains over all `prompts` in one ragged batch, and plain greedy decoding of
-  the same batch: tau (answer tokens over target calls, summed over rows), acceptance per
-  draft position, and whether every answer equals plain greedy's.
+                       new_tokens: int, tree=None) -> dict:
+  """Greedy K = k chains (or rounds of `tree`, a `jspec.Tree` or `jspec.DynamicTree`; k is
+  then its depth) over all `prompts` in one ragged batch, and plain greedy decoding of the
+  same batch: tau (answer tokens over target calls, summed over rows), acceptance per draft
+  position, and whether every answer equals plain greedy's.
 
   Greedy rows do not interact and a row's calls count only the rounds it was active in, so
   the figures are batch 1's; one batch is what makes a few dozen answers per point
@@ -150,14 +151,17 @@ def batched_acceptance(target, drafter, prompts: list[list[int]], k: int,
 
   B = len(prompts)
   P = prompt_bucket(max(len(p) for p in prompts))
-  S = cache_bucket(P + new_tokens + k + 1)
+  S = cache_bucket(P + new_tokens + (k + 1 if tree is None else tree.num_nodes))
   tokens = np.zeros((B, P), np.int32)
   for b, p in enumerate(prompts):
     tokens[b, :len(p)] = p
   kw = dict(prompt_lengths=[len(p) for p in prompts], max_new_tokens=new_tokens,
             cache_length=S)
   plain = jspec.generate(target, tokens, **kw)
-  spec = jspec.speculative_generate(target, drafter, tokens, num_draft_tokens=k, **kw)
+  if tree is not None:
+    k = tree.max_depth
+  shape = dict(num_draft_tokens=k) if tree is None else dict(tree=tree)
+  spec = jspec.speculative_generate(target, drafter, tokens, **shape, **kw)
   lengths, ref_lengths = np.asarray(spec.lengths), np.asarray(plain.lengths)
   out, ref = np.asarray(spec.tokens), np.asarray(plain.tokens)
   equal = bool(np.array_equal(lengths, ref_lengths)) and all(
