@@ -505,7 +505,7 @@ def main(argv=None) -> int:
                  "one that fits)")
   g.add_argument("--dflash", default=None, help="a DFlash drafter folder (method dflash)")
   g.add_argument("--eagle-tree", default=None, metavar="N,D,K",
-                 help="eagle3-tree's dynamic tree: nodes, depth, top-k (default 32,5,4)")
+                 help="eagle3-tree's dynamic tree: nodes, depth, top-k (default 32,4,8)")
   g.add_argument("--auto-over", default="ngram", help="the drafter \"auto\" chooses K for")
   g.add_argument("--sampled", action="store_true",
                  help="also run every method at temperature 1, reported apart")
