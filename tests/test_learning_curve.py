@@ -104,6 +104,7 @@ def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
   for head, b in (("eagle3", 0.2), ("dflash", 0.05)):
     pts = [{"answer_tokens": t, "tau": 1.0 + b * math.log10(t), "tau_by_kind": {"a": 1.0}}
            for t in (1e4, 1e5)]
+    pts[1]["conversations"] = {"n": 20, "tau": 1.1}  # measured at some points only
     names.append(str(tmp_path / f"{head}.json"))
     with open(names[-1], "w") as f:
       json.dump({"head": head, "epochs": 2.0, "points": pts, "fit": LC.fit(pts, 3.0)}, f)

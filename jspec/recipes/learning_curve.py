@@ -268,9 +268,12 @@ def plot_curves(curves: list[dict], path: str, kinds: bool = False) -> None:
     x = [p["answer_tokens"] for p in pts]
     ax.plot(x, [p["tau"] for p in pts], "o-", color=color,
             label=f"{_label(curve)}: mean held-out chat tau")
-    if pts[0].get("conversations"):
-      ax.plot(x, [p["conversations"]["tau"] for p in pts], "s:", color=color,
-              label=f"{_label(curve)}: MT-Bench tau ({pts[0]['conversations']['n']} first turns)")
+    measured = [p for p in pts if p.get("conversations")]  # possibly some points only
+    if measured:
+      ax.plot([p["answer_tokens"] for p in measured],
+              [p["conversations"]["tau"] for p in measured], "s:", color=color,
+              label=f"{_label(curve)}: MT-Bench tau ({measured[0]['conversations']['n']} "
+                    f"first turns)")
     if kinds:
       for j, kind in enumerate(pts[0]["tau_by_kind"]):
         ax.plot(x, [p["tau_by_kind"][kind] for p in pts], ".", color=f"C{j + 1}", alpha=0.5,
