@@ -143,6 +143,35 @@ def test_manifest_records_what_the_files_hold(model, tmp_path):
     A.verify(out)
 
 
+def test_head_is_a_store_of_the_first_shards(model, tmp_path):
+  """`answers head`: the first N shards copied (checked), totals over them, the source
+  named; the copy verifies and reads as a store; bad N or a taken folder is refused."""
+  out = str(tmp_path / "out")
+  A.generate_answers(model, pool()[:24], encode, out, **SETTINGS)
+  full = A.read_manifest(out)
+  assert len(full["shards"]) >= 2
+  to = str(tmp_path / "head")
+  totals = A.head(out, 1, to)
+  copy = A.read_manifest(to)
+  assert copy["shards"] == full["shards"][:1] and copy["totals"] == totals
+  assert totals["rows"] == full["shards"][0]["rows"] < full["totals"]["rows"]
+  assert copy["head_of"] == {"store": os.path.normpath(out), "shards": 1,
+                             "of": len(full["shards"])}
+  assert A.verify(to)["rows"] == totals["rows"]
+  _, rows = shards(to)
+  _, every = shards(out)
+  assert set(rows) < set(every) and all(every[h] == r for h, r in rows.items())
+  with pytest.raises(FileExistsError):
+    A.head(out, 1, to)
+  with pytest.raises(ValueError, match="--shards"):
+    A.head(out, len(full["shards"]) + 1, str(tmp_path / "h2"))
+  with open(os.path.join(out, full["shards"][0]["file"]), "r+b") as f:
+    f.seek(40)
+    f.write(b"\xff")
+  with pytest.raises(ValueError, match="sha256"):
+    A.head(out, 1, str(tmp_path / "h3"))
+
+
 def test_corpus_writes_every_stored_answer_as_text(model, tmp_path):
   out = str(tmp_path / "out")
   A.generate_answers(model, pool()[:6], encode, out, **SETTINGS)

@@ -188,3 +188,52 @@ def test_one_command_runs_both_recipes_on_one_work_folder(monkeypatch):
   assert opts[1]["--out"] == os.path.join("OUT", shipped.SMOLLM2_DRAFT)
   assert opts[0]["--kind"] == "eagle3" and opts[1]["--steps"] == "7"
   assert all(o["--work"] == "W" and o["--prompts"] == "64" for o in opts)
+
+
+@pytest.mark.slow  # training
+def test_recipe_distils_on_an_answer_store(tmp_path):
+  """`--answers DIR`: the store's windows (loss on answer positions only), the target's last
+  decoder layer cached as the teacher, `--max-windows` taking the split's first rows (a
+  learning curve's points), and a saved draft that decodes exactly."""
+  from jspec.recipes import answer_windows as W
+  from test_answer_windows import V as SV, write_store
+
+  store = str(tmp_path / "store")
+  write_store(store, rows_per_shard=(6, 6))
+  target = jspec.models.init(tiny_config(vocab_size=SV, layers=3, scale=0.5, tie=True), seed=2)
+  jspec.save(target, str(tmp_path / "target"))
+  out = tmp_path / "draft"
+  common = ["--target", str(tmp_path / "target"), "--answers", store, "--window", "24",
+            "--heldout", "2", "--layers", "1", "--init", "2", "--vocab", "16", "--steps", "4",
+            "--batch-size", "2", "--feature-cache", str(tmp_path / "cache"), "--features-dir",
+            str(tmp_path / "none"), "--no-measure", "--no-progress"]
+  assert RD.main(["--out", str(out), "--work", str(tmp_path / "w1"), "--max-windows", "5"]
+                 + common) == 0
+  manifest = json.loads((out / "manifest.json").read_text())
+  data = manifest["data"]
+  assert (data["train_windows"], data["heldout_windows"], data["max_windows"]) == (5, 2, 5)
+  assert 0 < data["loss_positions"] <= data["train_answer_tokens"]
+  assert data["source"].startswith("answer store")
+  assert manifest["draft_vocab"] == 16 and manifest["steps"] == 4
+  assert np.isfinite(manifest["heldout_windows"]["kl"])
+  # The cache holds the last decoder layer (the teacher), keyed so; a second point reads it.
+  keys = [json.loads((tmp_path / "cache" / f).read_text())
+          for f in os.listdir(tmp_path / "cache") if f.endswith(".json")]
+  assert [k["layers"] for k in keys] == [[2]]
+  cached = W.ensure_answer_data(target, str(tmp_path / "cache"), store, None, window=24,
+                                heldout=2, max_windows=None, layers=(2,), progress=False)
+  hidden = RE._features(target, jnp.asarray(cached["windows"]), (2,))[0]
+  np.testing.assert_allclose(np.asarray(cached["features"], np.float32),
+                             np.asarray(hidden, np.float32), rtol=1e-2, atol=1e-2)
+  assert RD.main(["--out", str(tmp_path / "all"), "--work", str(tmp_path / "w2")]
+                 + common) == 0
+  assert json.loads((tmp_path / "all" / "manifest.json").read_text())["data"][
+      "train_windows"] == 10
+  assert len([f for f in os.listdir(tmp_path / "cache") if f.endswith(".npz")]) == 1
+  draft = drafter_from_dir(str(out), target)
+  assert isinstance(draft, jspec.DraftModel) and int(draft.ids.shape[0]) == 16
+  prompts = [r[0].tolist() for r in W.store_rows(store)[:3]]
+  spec = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=3,
+                                    max_new_tokens=10, eos_id=())
+  base = jspec.generate(target, prompts, max_new_tokens=10, eos_id=())
+  np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(base.tokens))

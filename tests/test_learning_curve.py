@@ -91,6 +91,40 @@ def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypa
     LC.main(["--head", "eagle3", "--answers", store, "--tokens", "x", "--out", out])
 
 
+def test_the_draft_model_curve_drives_its_recipe(tmp_path, monkeypatch):
+  """`--head draft` runs `smollm2_draft` per point with the store, the shared feature cache
+  and the point's windows and steps (no `--kind`: the recipe has none)."""
+  store = str(tmp_path / "store")
+  write_store(store, rows_per_shard=(6, 6))
+  calls = []
+
+  def options(argv):
+    return {a: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True)
+            for i, a in enumerate(argv) if a.startswith("--")}
+
+  def fake_main(argv):
+    args = options(argv)
+    calls.append(argv)
+    os.makedirs(args["--out"], exist_ok=True)
+    with open(os.path.join(args["--out"], "manifest.json"), "w") as f:
+      json.dump({"chat_heldout_k4": {"restate": {"tau": 1.0 + 0.01 * int(args["--max-windows"])}},
+                 "heldout_windows": {"kl": 1.0, "top1": 0.1 * int(args["--max-windows"])}}, f)
+    return 0
+
+  fake = type(sys)("fake_draft_recipe")
+  fake.main = fake_main
+  monkeypatch.setitem(sys.modules, "jspec.recipes.smollm2_draft", fake)
+  out = str(tmp_path / "curve")
+  assert LC.main(["--head", "draft", "--answers", store, "--tokens", "20,60", "--out", out,
+                  "--window", "16", "--heldout", "2", "--min-steps", "3"]) == 0
+  assert len(calls) == 2 and not any("--kind" in c for c in calls)
+  opts = [options(c) for c in calls]
+  assert all(o["--answers"] == store and o["--window"] == "16" for o in opts)
+  assert opts[0]["--feature-cache"] == opts[1]["--feature-cache"]
+  curve = json.loads(open(os.path.join(out, "curve.json")).read())
+  assert curve["head"] == "draft" and curve["fit_first_draft"]["b_per_decade"] > 0
+
+
 def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
   from conftest import require
 

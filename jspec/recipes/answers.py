@@ -4,6 +4,7 @@
         [--batch 64] [--max-new 256]
     python -m jspec.recipes.answers pool --show 5      # the pool: size by source, a sample
     python -m jspec.recipes.answers verify             # the manifest against the shards
+    python -m jspec.recipes.answers head --shards 19 --to DIR  # a fixed part, to reproduce a run
 
 Drafters (EAGLE heads, draft models) learn best from the target's own answers to
 chat prompts. This module writes them, as much as a machine has time for, in a form a
@@ -903,18 +904,53 @@ def _write_shard(out, manifest, done, answers, seed, temperature, eos, extra) ->
            "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            **extra}
   manifest["shards"].append(entry)
+  manifest["totals"] = totals_of(manifest["shards"])
+  _atomic_write(os.path.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+
+
+def totals_of(entries: list[dict]) -> dict:
+  """The manifest's totals over its shard entries."""
   totals = collections.Counter()
   sources_total = collections.Counter()
-  for e in manifest["shards"]:
+  for e in entries:
     for k in ("rows", "answer_tokens", "prompt_tokens", "greedy_rows", "finished_rows", "bytes",
               "seconds"):
       totals[k] += e[k]
     sources_total.update(e["sources"])
-  manifest["totals"] = {"shards": len(manifest["shards"]), **{k: totals[k] for k in (
+  return {"shards": len(entries), **{k: totals[k] for k in (
       "rows", "answer_tokens", "prompt_tokens", "greedy_rows", "finished_rows", "bytes")},
       "seconds": round(totals["seconds"], 1),
       "sources": {k: sources_total[k] for k in SOURCES if sources_total[k]}}
-  _atomic_write(os.path.join(out, MANIFEST), json.dumps(manifest, indent=1).encode())
+
+
+def head(out: str, shards: int, to: str) -> dict:
+  """A store of the first `shards` shards of the store in `out`, written to `to` (each
+  shard's sha256 checked), with its manifest's totals over them and where it came from.
+
+  The store only ever appends, so its first N shards never change: a run on the head of N
+  is reproducible however far the store has grown since (its seeded split depends on the
+  number of rows). The manifest names the source folder as given."""
+  manifest = read_manifest(out)
+  if manifest is None:
+    raise FileNotFoundError(f"no {MANIFEST} in {out}")
+  have = len(manifest["shards"])
+  if not 1 <= shards <= have:
+    raise ValueError(f"{out} holds {have} shards; --shards must lie in [1, {have}], got {shards}")
+  if os.path.exists(os.path.join(to, MANIFEST)):
+    raise FileExistsError(f"{to} already holds a store")
+  os.makedirs(to, exist_ok=True)
+  entries = manifest["shards"][:shards]
+  for entry in entries:
+    with open(os.path.join(out, entry["file"]), "rb") as f:
+      raw = f.read()
+    if hashlib.sha256(raw).hexdigest() != entry["sha256"]:
+      raise ValueError(f"{entry['file']}: sha256 differs from {MANIFEST}'s; the shard is corrupt")
+    _atomic_write(os.path.join(to, entry["file"]), raw)
+  copy = {k: v for k, v in manifest.items() if k not in ("shards", "totals")}
+  copy.update(shards=entries, totals=totals_of(entries),
+              head_of={"store": os.path.normpath(out), "shards": shards, "of": have})
+  _atomic_write(os.path.join(to, MANIFEST), json.dumps(copy, indent=1).encode())
+  return copy["totals"]
 
 
 def chat_encoder(tokenizer) -> Callable[[str], list]:
@@ -957,6 +993,11 @@ def main(argv=None) -> int:
   p.add_argument("--show", type=int, default=3, help="prompts to print of each source")
   v = sub.add_parser("verify", help="check the manifest against its shards")
   v.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
+  h = sub.add_parser("head", help="copy the first N shards into a store of their own (a fixed "
+                     "part of a growing store, for a run to reproduce)")
+  h.add_argument("--shards", type=int, required=True)
+  h.add_argument("--to", required=True, help="the new store's folder")
+  h.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
   c = sub.add_parser("corpus", help="the stored answers as text, one JSONL row each (a "
                      "datastore's documents: `jspec bench --suite spec-bench --corpus`)")
   c.add_argument("file", help="the JSONL file to write")
@@ -967,6 +1008,12 @@ def main(argv=None) -> int:
 
   if args.command == "verify":
     print(json.dumps(verify(args.out)))
+    return 0
+  if args.command == "head":
+    try:
+      print(json.dumps(head(args.out, args.shards, args.to)))
+    except (OSError, ValueError) as e:
+      raise SystemExit(str(e)) from None
     return 0
   if args.command == "corpus":
     import jspec

@@ -6,15 +6,15 @@ parts of the answer store, and the fit of tau against log tokens.
         [-- ARGS FOR THE RECIPE, e.g. --form published --window 384 --heldout 64]
 
 Each point trains the head's recipe (`smollm2_eagle3` for eagle3 / eagle1, `smollm2_dflash`
-for dflash) on the first windows of the store's seeded split (`answer_windows.split`: the
-parts are nested, the held-out windows the same for every point) holding at least that many
-answer tokens in the loss, for `--epochs` passes over them (steps = epochs x windows /
-batch, at least `--min-steps`), then reads its manifest: held-out chat tau at K = 4 per
-kind (the recipe's measurement) and the held-out windows' metrics, with the wall and CPU
-seconds of the point. A point whose manifest exists is read, not rerun: a curve grows
-across sessions (`--tokens` with more points, a larger store). The features are computed
-once per store (or read from the capture buffer, `answers generate --features`) and shared
-by every point.
+for dflash, `smollm2_draft` for the distilled draft model) on the first windows of the
+store's seeded split (`answer_windows.split`: the parts are nested, the held-out windows the
+same for every point) holding at least that many answer tokens in the loss, for `--epochs`
+passes over them (steps = epochs x windows / batch, at least `--min-steps`), then reads its
+manifest: held-out chat tau at K = 4 per kind (the recipe's measurement) and the held-out
+windows' metrics, with the wall and CPU seconds of the point. A point whose manifest exists
+is read, not rerun: a curve grows across sessions (`--tokens` with more points, a larger
+store). The features are computed once per store (or read from the capture buffer,
+`answers generate --features`) and shared by every point.
 
 The fit: tau = a + b log10(tokens) by least squares over the points (b: tau gained per
 tenfold data), its R^2, and the tokens at which the line would reach `--goal` (3.0 by
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 RECIPES = {"eagle3": "jspec.recipes.smollm2_eagle3", "eagle1": "jspec.recipes.smollm2_eagle3",
-           "dflash": "jspec.recipes.smollm2_dflash"}
+           "dflash": "jspec.recipes.smollm2_dflash", "draft": "jspec.recipes.smollm2_draft"}
 
 
 def windows_for(answers: str, tokens: int, window: int, heldout: int, seed: int = 0) -> tuple[int, int]:

@@ -8,7 +8,11 @@ fraction of a target step. Stages, cached in `--work` (shared with
 `jspec.recipes.smollm2_eagle3`, whose data it reuses):
 
 1. data: the target's own answers to the recipe's instruction prompts and the outputs
-   of its last decoder layer at every position (`recipe_eagle3.ensure_data`).
+   of its last decoder layer at every position (`recipe_eagle3.ensure_data`); or, with
+   `--answers DIR`, the rows of an answer store (`jspec.recipes.answers`) as windows whose
+   loss covers the answer positions only (`jspec.recipes.answer_windows`; `--max-windows`
+   takes the seeded split's first rows, which is how `jspec.recipes.learning_curve` grows a
+   curve, and the last-layer outputs are cached once per store in `--feature-cache`).
 2. draft: layers initialised from the target's layers `--init` (copies, then
    trained), the target's final norm, and the target's token embedding, which stays
    frozen and is not saved (`jspec.io.draft_checkpoint` borrows it back at load). The
@@ -42,6 +46,7 @@ import numpy as np
 import optax
 
 from jspec.drafters import vocab_subset
+from jspec.recipes import answer_windows
 from jspec.recipes import smollm2_eagle3 as RE
 from jspec.training import train, trainer
 from jspec.models import transformer as TR
@@ -161,6 +166,12 @@ def main(argv=None) -> int:
   parser.add_argument("--eval-tokens", type=int, default=96)
   parser.add_argument("--no-measure", action="store_true")
   parser.add_argument("--no-progress", action="store_true")
+  parser.add_argument("--answers", default=None, metavar="DIR",
+                      help="train on an answer store (jspec.recipes.answers) instead of the "
+                           "code answers; --prompts/--max-prompt/--new-tokens unused")
+  parser.add_argument("--max-windows", type=int, default=None,
+                      help="with --answers: at most this many training windows (default all)")
+  answer_windows.add_feature_arguments(parser)
   args = parser.parse_args(argv)
   command = "python -m jspec.recipes.smollm2_draft " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -177,15 +188,23 @@ def main(argv=None) -> int:
     raise SystemExit(f"--init layers must lie in [0, {target.config.num_hidden_layers})")
   timings = {}
   t0 = time.perf_counter()
-  data = RE.ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,
-                        new_tokens=args.new_tokens, window=args.window,
-                        layers=RE.data_layers(target.config.num_hidden_layers)[1])
+  if args.answers:  # the teacher is the last decoder layer's output (before the final norm)
+    data = answer_windows.ensure_answer_data(
+        target, args.feature_cache or args.work, args.answers, RE._features,
+        window=args.window, heldout=args.heldout, max_windows=args.max_windows,
+        layers=(target.config.num_hidden_layers - 1,), progress=not args.no_progress,
+        features_dir=args.features_dir)
+    held_rows, train_rows = data["heldout_rows"], data["train_rows"]
+  else:
+    data = RE.ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,
+                          new_tokens=args.new_tokens, window=args.window,
+                          layers=RE.data_layers(target.config.num_hidden_layers)[1])
+    n = data["windows"].shape[0]
+    held_rows, train_rows = np.arange(n - args.heldout, n), np.arange(n - args.heldout)
   timings["data"] = round(time.perf_counter() - t0, 1)
 
-  n = data["windows"].shape[0]
-  held_rows, train_rows = np.arange(n - args.heldout, n), np.arange(n - args.heldout)
-  answer_tokens = np.concatenate([data["windows"][i, p:p + a] for i, (p, a) in enumerate(
-      zip(data["prompt_lengths"][train_rows], data["answer_lengths"][train_rows]))])
+  answer_tokens = np.concatenate([data["windows"][i, p:p + a] for i, p, a in zip(
+      train_rows, data["prompt_lengths"][train_rows], data["answer_lengths"][train_rows])])
   ids = vocab_subset.frequent_tokens(answer_tokens, args.vocab, target.vocab_size)
   index = np.full((target.vocab_size,), -1, np.int32)
   index[ids] = np.arange(len(ids), dtype=np.int32)
@@ -241,7 +260,8 @@ def main(argv=None) -> int:
       "weights_per_token": per_token,
       "cost_ratio": round(per_token["draft"] / per_token["target"], 4),
       "draft_vocab": int(len(ids)), "stored_dtype": "bfloat16",
-      "data": {"prompts": int(n), "heldout_windows": int(args.heldout),
+      "data": RE.data_summary(args, data, train_rows, len(train_rows)) if args.answers else
+              {"prompts": int(data["windows"].shape[0]), "heldout_windows": int(args.heldout),
                "source": "jspec.recipes.smollm2_eagle3 data (the target's own answers to "
                "instruction prompts over the CPython standard library)",
                "answer_tokens": int(data["answer_lengths"].sum()), "window": args.window},
