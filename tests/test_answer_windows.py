@@ -116,6 +116,37 @@ def test_features_are_the_targets_and_cached(tmp_path):
   assert len([f for f in os.listdir(tmp_path / "work") if f.endswith(".npz")]) == 1
 
 
+def test_feature_windows_cache_only_what_the_largest_part_trains_on(tmp_path):
+  """`feature_windows`: the held-out rows and the split's first N training rows only, under
+  their own key; smaller parts read it and hold the same rows as from a full cache; a part
+  past N is refused."""
+  store = str(tmp_path / "store")
+  write_store(store)
+  target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
+  kw = dict(window=24, heldout=2, layers=(0, 1), progress=False)
+  part = W.ensure_answer_data(target, str(tmp_path / "work"), store, R._features,
+                              max_windows=5, feature_windows=5, **kw)
+  assert len(part["heldout_rows"]) == 2 and len(part["train_rows"]) == 5
+  assert part["features"].shape[0] == 7  # no row beyond the part was prefilled
+  full = W.ensure_answer_data(target, str(tmp_path / "work"), store, R._features,
+                              max_windows=None, **kw)
+  assert len([f for f in os.listdir(tmp_path / "work") if f.endswith(".npz")]) == 2
+  small = W.ensure_answer_data(target, str(tmp_path / "work"), store, None, max_windows=3,
+                               feature_windows=5, **kw)  # read from the part's cache
+  ref = W.ensure_answer_data(target, str(tmp_path / "work"), store, None, max_windows=3, **kw)
+  np.testing.assert_array_equal(part["rows"][part["train_rows"]], W.split(9, 2, 5, 0)[1])
+  np.testing.assert_array_equal(small["rows"][small["train_rows"]], ref["rows"][ref["train_rows"]])
+  for a in (part, small):
+    np.testing.assert_array_equal(a["rows"][a["heldout_rows"]], full["rows"][full["heldout_rows"]])
+  by_row = {int(r): i for i, r in enumerate(full["rows"])}
+  for i, r in enumerate(part["rows"]):
+    np.testing.assert_array_equal(part["labels"][i], full["labels"][by_row[int(r)]])
+  for bad in (6, None):
+    with pytest.raises(ValueError, match="feature_windows"):
+      W.ensure_answer_data(target, str(tmp_path / "work"), store, None, max_windows=bad,
+                           feature_windows=5, **kw)
+
+
 @pytest.mark.slow  # training
 def test_recipe_trains_the_published_form_on_a_store(tmp_path):
   """`--answers DIR --form published`: a head with the published layer (concat input, no zero

@@ -121,6 +121,13 @@ def test_the_draft_model_curve_drives_its_recipe(tmp_path, monkeypatch):
   opts = [options(c) for c in calls]
   assert all(o["--answers"] == store and o["--window"] == "16" for o in opts)
   assert opts[0]["--feature-cache"] == opts[1]["--feature-cache"]
+  # The cache holds what the largest point trains on: all 10 training rows, or only its own.
+  largest = int(opts[1]["--max-windows"])
+  assert opts[0].get("--feature-windows") == (None if largest == 10 else str(largest))
+  assert LC.main(["--head", "draft", "--answers", store, "--tokens", "20", "--out",
+                  str(tmp_path / "c2"), "--window", "16", "--heldout", "2"]) == 0
+  last = options(calls[-1])
+  assert int(last["--max-windows"]) < 10 and last["--feature-windows"] == last["--max-windows"]
   curve = json.loads(open(os.path.join(out, "curve.json")).read())
   assert curve["head"] == "draft" and curve["fit_first_draft"]["b_per_decade"] > 0
 

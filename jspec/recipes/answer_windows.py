@@ -125,16 +125,24 @@ def add_feature_arguments(parser) -> None:
   parser.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"),
                       help="features captured with the answers (`answers generate --features`): "
                            "rows found there are not prefilled again")
+  parser.add_argument("--feature-windows", type=int, default=None, metavar="N",
+                      help="cache features for the held-out rows and the split's first N "
+                           "training rows only (default every row): what a learning curve "
+                           "whose largest point is N windows needs")
 
 
 def ensure_answer_data(target, work: str, store: str, features_fn, *, window: int,
                        heldout: int, max_windows: int | None, layers, seed: int = 0,
-                       progress: bool = True, features_dir: str | None = None) -> dict:
+                       progress: bool = True, features_dir: str | None = None,
+                       feature_windows: int | None = None) -> dict:
   """The store's windows with features, cached in `work`: windows, valid, features
   [N, T, len(layers) * D] bf16, labels, kinds, prompt_lengths, answer_lengths [N], rows
   (the store row of each window), heldout_rows and train_rows (indices into the arrays).
   Rows whose features were captured as they were generated (`features_dir`,
-  `jspec.recipes.answer_features`) take them from there; only the others are prefilled."""
+  `jspec.recipes.answer_features`) take them from there; only the others are prefilled.
+  `feature_windows`: only the held-out rows and the split's first that many training rows
+  are cached (a prefill costs as much as an epoch, so a curve that stops short of the whole
+  store pays for what it trains on); `max_windows` must then not exceed it."""
   import jax.numpy as jnp
 
   from jspec.recipes import answer_features
@@ -145,10 +153,18 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
   captured = answer_features.stored(manifest, features_dir, tuple(layers))
   if max_windows is not None and max_windows < 1:
     raise ValueError(f"max_windows must be >= 1, got {max_windows}")
-  # Features for every row, whatever max_windows: runs over nested parts of one store
-  # (a learning curve) share one cache, and max_windows picks the training rows after.
+  if feature_windows is not None and feature_windows < 1:
+    raise ValueError(f"feature_windows must be >= 1, got {feature_windows}")
+  if None not in (max_windows, feature_windows) and max_windows > feature_windows or (
+      max_windows is None and feature_windows is not None):
+    raise ValueError(f"max_windows ({max_windows}) asks for training rows past the "
+                     f"{feature_windows} whose features are cached (feature_windows)")
+  # Features for every row (or the first feature_windows), whatever max_windows: runs over
+  # nested parts of one store (a learning curve) share one cache, and max_windows picks the
+  # training rows after.
   key = {"shards": [e["sha256"] for e in manifest["shards"]], "window": window,
-         "heldout": heldout, "max_windows": None, "layers": list(layers), "seed": seed}
+         "heldout": heldout, "max_windows": feature_windows, "layers": list(layers),
+         "seed": seed}
   if captured:  # (the key of a store without captured rows is as before)
     key["captured_rows"] = len(captured)
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -156,7 +172,7 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
   path = os.path.join(work, f"answers-{digest}.npz")
   if not os.path.isfile(path):
     rows = store_rows(store)
-    held, train = split(len(rows), heldout, None, seed)
+    held, train = split(len(rows), heldout, feature_windows, seed)
     chosen = np.concatenate([held, train])
     data = windows_of([rows[i] for i in chosen], window)
     lengths = data["prompt_lengths"] + data["answer_lengths"]

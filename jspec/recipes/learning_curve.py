@@ -360,8 +360,14 @@ def main(argv=None) -> int:
   work = args.work or os.path.join(args.out, "work")
   os.makedirs(args.out, exist_ok=True)
   points = []
-  for tokens in sizes:
-    windows, held = windows_for(args.answers, tokens, args.window, args.heldout)
+  parts = [(tokens, *windows_for(args.answers, tokens, args.window, args.heldout))
+           for tokens in sizes]
+  from jspec.recipes import answer_windows as W
+
+  everything = len(W.store_rows(args.answers)) - args.heldout
+  if parts[-1][1] < everything:  # the cache holds what the largest point trains on, no more
+    recipe_args = recipe_args + ["--feature-windows", str(parts[-1][1])]
+  for tokens, windows, held in parts:
     steps = max(args.min_steps, math.ceil(args.epochs * windows / args.batch_size))
     point = run_point(args.head, args.answers, args.out, tokens, windows, steps, recipe_args,
                       work)

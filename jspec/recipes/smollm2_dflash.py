@@ -106,7 +106,8 @@ def main(argv=None) -> int:
   data = answer_windows.ensure_answer_data(
       target, args.feature_cache or args.work, args.answers, features_and_labels,
       window=args.window, heldout=args.heldout, max_windows=args.max_windows, layers=fused,
-      progress=not args.no_progress, features_dir=args.features_dir)
+      progress=not args.no_progress, features_dir=args.features_dir,
+      feature_windows=args.feature_windows)
   data["features"] = data["features"][..., :len(fused) * target.config.hidden_size]
   timings["data"] = round(time.perf_counter() - t0, 1)
   held_rows, train_rows = data["heldout_rows"], data["train_rows"]

@@ -193,7 +193,8 @@ def main(argv=None) -> int:
         target, args.feature_cache or args.work, args.answers, RE._features,
         window=args.window, heldout=args.heldout, max_windows=args.max_windows,
         layers=(target.config.num_hidden_layers - 1,), progress=not args.no_progress,
-        features_dir=args.features_dir)
+        features_dir=args.features_dir,
+        feature_windows=args.feature_windows)
     held_rows, train_rows = data["heldout_rows"], data["train_rows"]
   else:
     data = RE.ensure_data(target, args.work, prompts=args.prompts, max_prompt=args.max_prompt,

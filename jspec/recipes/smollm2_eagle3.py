@@ -414,7 +414,8 @@ def main(argv=None) -> int:
         target, args.feature_cache or args.work, args.answers, _features, window=args.window,
         heldout=args.heldout, max_windows=args.max_windows,
         layers=fused if args.kind == "eagle3" else stored,
-        progress=not args.no_progress, features_dir=args.features_dir)
+        progress=not args.no_progress, features_dir=args.features_dir,
+        feature_windows=args.feature_windows)
     held_rows, train_rows = data["heldout_rows"], data["train_rows"]
     n = len(train_rows)
   else:
