@@ -85,7 +85,7 @@ def test_features_are_the_targets_and_cached(tmp_path):
   store = str(tmp_path / "store")
   write_store(store)
   target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
-  data = W.ensure_answer_data(target, str(tmp_path / "work"), store, R._features, window=24,
+  data = W.ensure_answer_data(target, str(tmp_path / "work"), store, R.layer_features, window=24,
                               heldout=2, max_windows=None, layers=(0, 1, 1), progress=False)
   assert len(data["heldout_rows"]) == 2 and len(data["train_rows"]) == 7
   feats, logits = TE.target_features(target.with_features((0, 1, 1)),
@@ -124,11 +124,11 @@ def test_feature_windows_cache_only_what_the_largest_part_trains_on(tmp_path):
   write_store(store)
   target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
   kw = dict(window=24, heldout=2, layers=(0, 1), progress=False)
-  part = W.ensure_answer_data(target, str(tmp_path / "work"), store, R._features,
+  part = W.ensure_answer_data(target, str(tmp_path / "work"), store, R.layer_features,
                               max_windows=5, feature_windows=5, **kw)
   assert len(part["heldout_rows"]) == 2 and len(part["train_rows"]) == 5
   assert part["features"].shape[0] == 7  # no row beyond the part was prefilled
-  full = W.ensure_answer_data(target, str(tmp_path / "work"), store, R._features,
+  full = W.ensure_answer_data(target, str(tmp_path / "work"), store, R.layer_features,
                               max_windows=None, **kw)
   assert len([f for f in os.listdir(tmp_path / "work") if f.endswith(".npz")]) == 2
   small = W.ensure_answer_data(target, str(tmp_path / "work"), store, None, max_windows=3,

@@ -222,7 +222,7 @@ def test_recipe_distils_on_an_answer_store(tmp_path):
   assert [k["layers"] for k in keys] == [[2]]
   cached = W.ensure_answer_data(target, str(tmp_path / "cache"), store, None, window=24,
                                 heldout=2, max_windows=None, layers=(2,), progress=False)
-  hidden = RE._features(target, jnp.asarray(cached["windows"]), (2,))[0]
+  hidden = RE.layer_features(target, jnp.asarray(cached["windows"]), (2,))[0]
   np.testing.assert_allclose(np.asarray(cached["features"], np.float32),
                              np.asarray(hidden, np.float32), rtol=1e-2, atol=1e-2)
   assert RD.main(["--out", str(tmp_path / "all"), "--work", str(tmp_path / "w2")]

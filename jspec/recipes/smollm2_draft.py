@@ -190,7 +190,7 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   if args.answers:  # the teacher is the last decoder layer's output (before the final norm)
     data = answer_windows.ensure_answer_data(
-        target, args.feature_cache or args.work, args.answers, RE._features,
+        target, args.feature_cache or args.work, args.answers, RE.layer_features,
         window=args.window, heldout=args.heldout, max_windows=args.max_windows,
         layers=(target.config.num_hidden_layers - 1,), progress=not args.no_progress,
         features_dir=args.features_dir,

@@ -131,7 +131,7 @@ def generate_answers(target, prompts: list[dict], new_tokens: int, seed: int = 0
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def _features(target, tokens, layers):
+def layer_features(target, tokens, layers):
   """Fused-layer features (bf16) and the target's argmax for windows tokens [B, T]."""
   model = target.with_features(layers)
   logits, hidden, _ = model.apply(tokens, None, jnp.zeros((tokens.shape[0],), jnp.int32))
@@ -144,7 +144,7 @@ def window_features(target, windows: np.ndarray, layers, chunk: int = 8):
 
   feats, labels = [], []
   for i in tqdm(range(0, windows.shape[0], chunk), desc="features"):
-    f, l = _features(target, jnp.asarray(windows[i:i + chunk]), tuple(layers))
+    f, l = layer_features(target, jnp.asarray(windows[i:i + chunk]), tuple(layers))
     feats.append(np.asarray(f))
     labels.append(np.asarray(l))
   return np.concatenate(feats), np.concatenate(labels)
@@ -411,7 +411,7 @@ def main(argv=None) -> int:
   t0 = time.perf_counter()
   if args.answers:
     data = answer_windows.ensure_answer_data(
-        target, args.feature_cache or args.work, args.answers, _features, window=args.window,
+        target, args.feature_cache or args.work, args.answers, layer_features, window=args.window,
         heldout=args.heldout, max_windows=args.max_windows,
         layers=fused if args.kind == "eagle3" else stored,
         progress=not args.no_progress, features_dir=args.features_dir,
