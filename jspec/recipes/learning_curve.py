@@ -362,9 +362,9 @@ def main(argv=None) -> int:
   points = []
   parts = [(tokens, *windows_for(args.answers, tokens, args.window, args.heldout))
            for tokens in sizes]
-  from jspec.recipes import answer_windows as W
+  from jspec.recipes import answers as A
 
-  everything = len(W.store_rows(args.answers)) - args.heldout
+  everything = int(A.read_manifest(args.answers)["totals"]["rows"]) - args.heldout
   if parts[-1][1] < everything:  # the cache holds what the largest point trains on, no more
     recipe_args = recipe_args + ["--feature-windows", str(parts[-1][1])]
   for tokens, windows, held in parts:
