@@ -116,6 +116,26 @@ def test_features_are_the_targets_and_cached(tmp_path):
   assert len([f for f in os.listdir(tmp_path / "work") if f.endswith(".npz")]) == 1
 
 
+def test_accelerator_prefill_shape_gives_the_cpu_shapes_features():
+  """Full-width chunks of 64 rows (an accelerator's shape) and the CPU's short chunks at their
+  own widths give the same features and labels at every position a row holds (causal
+  attention: padding after a row never reaches it)."""
+  assert W.prefill_shape("cpu") == (8, W.WIDTH_STEP) and W.prefill_shape("gpu") == (64, None)
+  rng = np.random.default_rng(0)
+  target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
+  lengths = rng.integers(3, 20, size=(11,))
+  windows = np.zeros((11, 24), np.int32)
+  for i, n in enumerate(lengths):
+    windows[i, :n] = rng.integers(1, V, size=(n,))
+  runs = [W.chunked_features(R.layer_features, target, windows, lengths, (0, 1), chunk=c,
+                             width_step=w, progress=False) for c, w in ((3, 8), (64, None))]
+  (f_cpu, l_cpu), (f_acc, l_acc) = runs
+  for i, n in enumerate(lengths):
+    np.testing.assert_allclose(np.asarray(f_cpu[i, :n], np.float32),
+                               np.asarray(f_acc[i, :n], np.float32), rtol=1e-2, atol=1e-2)
+    np.testing.assert_array_equal(l_cpu[i, :n], l_acc[i, :n])
+
+
 def test_feature_windows_cache_only_what_the_largest_part_trains_on(tmp_path):
   """`feature_windows`: the held-out rows and the split's first N training rows only, under
   their own key; smaller parts read it and hold the same rows as from a full cache; a part

@@ -262,3 +262,38 @@ def test_pool_is_distinct_and_seeded(tmp_path):
       [p.text for p in first[:100]]
   assert [p.text for p in itertools.islice(A.prompt_pool(1, root), 100)] != \
       [p.text for p in first[:100]]
+
+
+def test_a_written_pool_continues_the_store_as_the_pool_would(model, tmp_path):
+  # One store runs on; a copy stops after its first shard, writes its next prompts to a file
+  # (as for an accelerator machine) and continues from the file: the same shards result.
+  prompts = pool(extra=[chat_prompts()[0]])  # an evaluation prompt: never written out
+  exclusion = A.exclusion_from_files(A.default_exclusion_files()[:1])
+  straight = str(tmp_path / "straight")
+  A.generate_answers(model, prompts, encode, straight, exclusion=exclusion, **SETTINGS)
+
+  moved = str(tmp_path / "moved")
+  A.generate_answers(model, prompts, encode, moved, exclusion=exclusion, hours=0.0, **SETTINGS)
+  assert A.read_manifest(moved)["totals"]["rows"] == 4
+  path = str(tmp_path / "next.jsonl")
+  written = A.write_pool(path, 1000, moved, exclusion=exclusion, pool=prompts)
+  assert written["prompts"] == 32 - 4 - 1  # distinct by hash, minus 4 answered, minus 1 held out
+  rows = A.read_pool(path)
+  assert chat_prompts()[0] not in [p.text for p in rows]
+  assert [p.hash for p in rows] == [h for h in dict.fromkeys(p.hash for p in prompts)
+                                    if h in {q.hash for q in rows}]  # pool order kept
+  A.generate_answers(model, rows, encode, moved, exclusion=exclusion, **SETTINGS)
+  assert shards(moved)[1] == shards(straight)[1]
+
+  first = A.write_pool(str(tmp_path / "two.jsonl"), 2, moved, exclusion=exclusion, pool=prompts)
+  assert first["prompts"] == 1  # only the long prompt, which generation skips, is left
+  with pytest.raises(ValueError, match="count"):
+    A.write_pool(path, 0, moved, pool=prompts)
+  with open(path, "w") as f:
+    f.write('{"source": "nowhere", "text": "x"}\n')
+  with pytest.raises(ValueError, match="not a pool row"):
+    A.read_pool(path)
+  # With the chat template, the prompts generation would skip for length stay out.
+  A.write_pool(path, 1000, str(tmp_path / "fresh"), exclusion=exclusion, pool=prompts,
+               encode=encode, max_prompt=24)
+  assert "x" * 40 not in [p.text for p in A.read_pool(path)]

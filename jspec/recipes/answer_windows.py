@@ -73,20 +73,35 @@ def windows_of(rows, window: int) -> dict:
           "kinds": np.asarray([r[2] for r in rows])}
 
 
+def prefill_shape(backend: str) -> tuple[int, int | None]:
+  """(rows per prefill call, width step) for a backend. On a CPU the work is the rows'
+  tokens, so short chunks run at their own width (a compile per width, each paid back);
+  on an accelerator one call of 64 full windows costs about what a call of 8 does and each
+  compile costs more than the padding, so every chunk runs at the full width (None)."""
+  return (8, WIDTH_STEP) if backend == "cpu" else (64, None)
+
+
 def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarray, layers,
-                     chunk: int = 8, progress: bool = True):
+                     chunk: int | None = None, progress: bool = True,
+                     width_step: int | None = 0):
   """features [N, T, F] bf16 and labels [N, T] int32 of windows [N, T]: rows sorted by
-  length, each chunk run at its longest row rounded up to WIDTH_STEP (at most T).
+  length, each chunk run at its longest row rounded up to `width_step` (at most T; None:
+  always T). chunk and width_step default to `prefill_shape` of the default backend.
   features_fn(target, tokens [b, w], layers) -> (features [b, w, F] bf16, labels [b, w])."""
+  import jax
   import jax.numpy as jnp
   from tqdm import tqdm
 
+  default_chunk, default_step = prefill_shape(jax.default_backend())
+  chunk = default_chunk if chunk is None else chunk
+  width_step = default_step if width_step == 0 else width_step
   N, T = windows.shape
   order = np.argsort(lengths, kind="stable")
   feats = labels = None
   for i in tqdm(range(0, N, chunk), desc="features", disable=not progress):
     rows = order[i:i + chunk]
-    width = min(T, -(-int(lengths[rows].max()) // WIDTH_STEP) * WIDTH_STEP)
+    width = T if width_step is None else min(
+        T, -(-int(lengths[rows].max()) // width_step) * width_step)
     tokens = windows[rows, :width]
     if len(rows) < chunk:  # one static batch size: pad with copies of the first row
       tokens = np.concatenate([tokens, np.repeat(tokens[:1], chunk - len(rows), 0)])

