@@ -226,6 +226,9 @@ def test_default_exclusion_reads_the_checkpoints_prompts(model, tmp_path):
   assert files[:2] == ["chat_prompts.json", "demo_prompts.json"]
   exclusion = A.evaluation_exclusion()
   assert all(t in exclusion for t in chat_prompts())
+  # A default file given again as `extra` (by a relative path) is read once.
+  again = os.path.relpath(A.default_exclusion_files()[0])
+  assert A.evaluation_exclusion([again]).files == exclusion.files
   # Given no exclusion, a run excludes these (and stores them for later runs).
   out = str(tmp_path / "out")
   result = A.generate_answers(model, pool(chat_prompts()[:2])[-6:], encode, out,

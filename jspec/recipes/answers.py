@@ -596,7 +596,8 @@ def exclusion_from_files(paths: Iterable[str], substring_paths: Iterable[str] = 
 
 def evaluation_exclusion(extra: Iterable[str] = ()) -> Exclusion:
   """The default evaluation files (the checkpoints' ones also as substrings) and `extra`."""
-  paths = default_exclusion_files() + list(extra)
+  # One file named twice (found by default and given as `extra`) is read once.
+  paths = list(dict.fromkeys(os.path.abspath(p) for p in default_exclusion_files() + list(extra)))
   checkpoints = [p for p in paths if os.path.dirname(p).endswith("checkpoints")]
   return exclusion_from_files(dict.fromkeys(paths), checkpoints)
 
@@ -726,6 +727,22 @@ def _stopwatch():
   return lambda: time.monotonic() - t0
 
 
+def store_state(out: str, manifest: dict | None,
+                exclusion: Exclusion | None) -> tuple[set, Exclusion]:
+  """(the prompt hashes the store in `out` has answered, the exclusion that applies to it):
+  `exclusion` (None: `evaluation_exclusion()`) joined with the hashes the store keeps in
+  its EXCLUDED file. Exclusion only grows: what earlier runs excluded stays excluded."""
+  written = set()
+  for entry in (manifest or {}).get("shards", []):
+    written.update(load_shard(out, entry)["prompt_hash"].tolist())
+  if exclusion is None:
+    exclusion = evaluation_exclusion()
+  if os.path.isfile(os.path.join(out, EXCLUDED)):
+    with open(os.path.join(out, EXCLUDED)) as f:
+      exclusion = exclusion.union(Exclusion(frozenset(int(x, 16) for x in f if x.strip())))
+  return written, exclusion
+
+
 def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list], out: str, *,
                      batch: int = 64, max_new: int = 256, shard_batches: int = 4,
                      max_prompt: int = 256, temperature: float = 0.8, seed: int = 0,
@@ -764,17 +781,7 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
     manifest = read_manifest(out) or {
         "format": FORMAT, "description": "the target's own answers to local chat prompts "
         "(jspec.recipes.answers)", "sources": list(SOURCES), "shards": [], "totals": {}}
-    written = set()
-    for entry in manifest["shards"]:
-      written.update(load_shard(out, entry)["prompt_hash"].tolist())
-    # Exclusion only grows: what earlier runs excluded stays excluded.
-    stored = set()
-    if os.path.isfile(os.path.join(out, EXCLUDED)):
-      with open(os.path.join(out, EXCLUDED)) as f:
-        stored = {int(line, 16) for line in f if line.strip()}
-    if exclusion is None:
-      exclusion = evaluation_exclusion()
-    exclusion = exclusion.union(Exclusion(frozenset(stored)))
+    written, exclusion = store_state(out, manifest, exclusion)
     _atomic_write(os.path.join(out, EXCLUDED),
                   "".join(f"{h:016x}\n" for h in sorted(exclusion.hashes)).encode())
     if written & exclusion.hashes:
@@ -971,15 +978,7 @@ def write_pool(path: str, count: int, out: str, seed: int = 0,
   prompts)."""
   if count < 1:
     raise ValueError(f"count must be >= 1, got {count}")
-  manifest = read_manifest(out)
-  written = set()
-  for entry in (manifest or {}).get("shards", []):
-    written.update(load_shard(out, entry)["prompt_hash"].tolist())
-  if exclusion is None:
-    exclusion = evaluation_exclusion()
-  if os.path.isfile(os.path.join(out, EXCLUDED)):
-    with open(os.path.join(out, EXCLUDED)) as f:
-      exclusion = exclusion.union(Exclusion(frozenset(int(x, 16) for x in f if x.strip())))
+  written, exclusion = store_state(out, read_manifest(out), exclusion)
   n, skipped, seen = 0, 0, set()
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
