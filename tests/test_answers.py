@@ -116,6 +116,12 @@ def test_hours_stops_after_a_batch_and_keeps_its_rows(model, tmp_path):
   assert first["stopped_by_time"] and first["batches"] == 1
   manifest, rows = shards(out)
   assert [e["rows"] for e in manifest["shards"]] == [4]  # the batch done, in a shard
+  assert manifest["shards"][0]["greedy_rows"] == 4  # an empty store: the greedy batch first
+  # The store now holds more greedy rows, so the next shard starts with the sampled batch:
+  # runs stopped after one batch each do not leave the store greedy only.
+  A.generate_answers(model, prompts, encode, out, hours=0.0, **SETTINGS)
+  second = A.read_manifest(out)["shards"][1]
+  assert second["rows"] == 4 and second["greedy_rows"] == 0
   A.generate_answers(model, prompts, encode, out, **SETTINGS)
   _, rows = shards(out)
   assert len(rows) == 30  # none lost, none twice (shards() checks)

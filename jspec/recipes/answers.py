@@ -32,7 +32,9 @@ prompts (by a bit of their hash) greedy, half at temperature 0.8 with a per-prom
 (a function of the prompt and `--seed`, so a row's answer depends on its prompt alone);
 up to `max_new` new tokens, ending at the target's EOS. Each shard takes the first
 `batch * shard_batches / 2` unwritten prompts of each kind (greedy, sampled) in pool
-order, sorts each kind by prompt length and decodes it in batches of `batch` (`jspec.generate`).
+order, sorts each kind by prompt length and decodes it in batches of `batch` (`jspec.generate`),
+the kind the store holds fewer rows of first (a run that `--hours` stops inside a shard keeps
+the batches it finished, so this keeps such runs from writing one kind only).
 
 Shards (`shard-00000.npz`, ...): `tokens` uint16 (each row's prompt and answer ids,
 concatenated, rows one after another), `offsets` int64 [rows + 1], `prompt_lengths`
@@ -833,7 +835,12 @@ def generate_answers(model, pool: Iterable[Prompt], encode: Callable[[str], list
         break
       shard_clock = _stopwatch()
       answers = {}
-      for group in (0, 1):
+      # The kind the store holds fewer rows of goes first: a run stopped by --hours after a
+      # shard's first batch would otherwise leave only greedy rows, run after run. (Without a
+      # stop the order changes nothing: rows are answered alone, by their own seeds.)
+      totals = manifest["totals"] or {"rows": 0, "greedy_rows": 0}
+      sampled_first = totals["rows"] - totals["greedy_rows"] < totals["greedy_rows"]
+      for group in ((1, 0) if sampled_first else (0, 1)):
         rows = [it for it in taken if int(row_settings(it[0].hash, seed, temperature)[0] > 0)
                 == group]
         rows.sort(key=lambda it: len(it[1]))  # stable: ties in pool order
