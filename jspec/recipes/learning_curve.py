@@ -242,7 +242,8 @@ def run_point(head: str, answers: str, out: str, tokens: int, windows: int, step
           "heldout_windows": manifest.get("heldout_windows")
           or manifest.get("heldout_windows_metrics"),
           "wall_seconds": timing.get("wall_seconds"), "cpu_seconds": timing.get("cpu_seconds"),
-          "folder": folder}
+          # the recipe's own stages (data, train, measure): what a budget's training rate needs
+          "recipe_seconds": manifest.get("wall_seconds"), "folder": folder}
 
 
 def plot(curve: dict, path: str) -> None:

@@ -1,0 +1,102 @@
+"""jspec.recipes.budget: a training budget from learning curves, on made-up curves whose
+lines and rates are known exactly."""
+
+import json
+import math
+import os
+
+import pytest
+
+from jspec.recipes import answers as A
+from jspec.recipes import budget as BU
+
+
+def curve(path, head, points, epochs=2.0, machine=None):
+  data = {"head": head, "epochs": epochs, "points": points}
+  if machine:
+    data["machine"] = machine
+  with open(path, "w") as f:
+    json.dump(data, f)
+  return str(path)
+
+
+def point(tokens, tau, mt=None, **seconds):
+  p = {"answer_tokens": tokens, "tau": tau, **seconds}
+  if mt is not None:
+    p["conversations"] = {"tau": mt}
+  return p
+
+
+def store(path, shards):
+  os.makedirs(path)
+  with open(os.path.join(path, A.MANIFEST), "w") as f:
+    json.dump({"shards": shards, "totals": {"answer_tokens": sum(s["answer_tokens"]
+                                                                 for s in shards)}}, f)
+  return str(path)
+
+
+def shard(tokens, rate, device, cpus):
+  backend = "cpu" if device == "cpu" else "gpu"
+  return {"answer_tokens": tokens, "tokens_per_second": rate,
+          "machine": {"device": device, "backend": backend, "cpus": cpus}}
+
+
+def test_budget_inverts_the_pooled_fit_and_prices_it_at_measured_rates(tmp_path, capsys):
+  # chat tau = 0.5 + 0.25 log10(t), MT-Bench tau = 0.8 + 0.1 log10(t), exactly, over two curves.
+  line = lambda t: 0.5 + 0.25 * math.log10(t)  # noqa: E731
+  mt = lambda t: 0.8 + 0.1 * math.log10(t)  # noqa: E731
+  cpu = curve(tmp_path / "cpu.json", "eagle3",
+              [point(t, line(t), mt(t), cpu_seconds=t / 50, wall_seconds=t)
+               for t in (10_000, 100_000)])
+  gpu = curve(tmp_path / "gpu.json", "eagle3",
+              [point(1_000_000, line(1e6), mt(1e6), cpu_seconds=999.0,
+                     recipe_seconds={"data": 5.0, "train": 40.0, "measure": 60.0})],
+              machine={"device": "Accel 1"})
+  answers = store(tmp_path / "store", [shard(2_000, 10.0, "cpu", 2), shard(2_000, 30.0, "cpu", 2),
+                                       shard(2_000, 20.0, "cpu", 2),
+                                       shard(500_000, 5_000.0, "Accel 1", 16)])
+  assert BU.main([cpu, gpu, "--answers", answers, "--taus", "1.5,2.0", "--json",
+                  str(tmp_path / "plan.json")]) == 0
+  with open(tmp_path / "plan.json") as f:
+    plan = json.load(f)
+  fits = plan["fits"]
+  assert fits["points"] == 3 and fits["tokens"] == [10_000, 1_000_000]
+  assert fits["chat"]["b_per_decade"] == pytest.approx(0.25)
+  assert fits["chat"]["a"] == pytest.approx(0.5) and fits["chat"]["r2"] == pytest.approx(1.0)
+  assert fits["mt_bench"]["b_per_decade"] == pytest.approx(0.1)
+  assert plan["generation"]["2-core CPU"] == {"median": 20.0, "fastest": 30.0, "shards": 3,
+                                              "answer_tokens": 6_000}
+  assert plan["generation"]["Accel 1"]["fastest"] == 5_000.0
+  rates = {t["machine"]: t for t in plan["training"]}
+  # The CPU curve has no recipe seconds: its CPU seconds (features and measurement too),
+  # flagged as an upper bound; the accelerator's training seconds alone.
+  assert rates["CPU"]["tokens_epochs_per_second"] == pytest.approx(2 * 100_000 / 2_000)
+  assert rates["CPU"]["upper_bound"] and not rates["Accel 1"]["upper_bound"]
+  assert rates["Accel 1"]["tokens_epochs_per_second"] == pytest.approx(2 * 1e6 / 40.0)
+  low, high = plan["rows"]
+  assert low["answer_tokens"]["chat"] == pytest.approx(1e4)  # tau 1.5 at 10^4: inside the data
+  assert low["past_largest_point"] == pytest.approx(0.01)
+  assert high["answer_tokens"]["chat"] == pytest.approx(1e6)
+  assert high["answer_tokens"]["mt_bench"] == pytest.approx(1e12)
+  assert high["times_the_store"] == pytest.approx(1e6 / 506_000)
+  assert high["generate_seconds"]["Accel 1"] == pytest.approx(1e6 / 5_000)
+  assert high["train_seconds"][f"Accel 1 ({gpu})"] == pytest.approx(2 * 1e6 / 5e4)
+  table = capsys.readouterr().out
+  assert "| 2.00 | 1e+06 | 1e+12 | inside the data |" in table
+
+
+def test_budget_refuses_what_it_cannot_plan(tmp_path):
+  a = curve(tmp_path / "a.json", "eagle3", [point(1e4, 1.2), point(1e5, 1.4)])
+  b = curve(tmp_path / "b.json", "dflash", [point(1e4, 1.1)])
+  with pytest.raises(SystemExit, match="several heads"):
+    BU.main([a, b])
+  with open(tmp_path / "bad.json", "w") as f:
+    f.write("{")
+  with pytest.raises(SystemExit, match="bad.json"):
+    BU.main([str(tmp_path / "bad.json")])
+  with pytest.raises(SystemExit):
+    BU.main([a, "--taus", "0.5"])
+  # A line that does not rise reaches no goal.
+  flat = curve(tmp_path / "flat.json", "eagle3", [point(1e4, 1.3), point(1e5, 1.2)])
+  plan = BU.plan(BU.load_curves([flat]), None, [2.0], 2.0)
+  assert plan["rows"][0]["answer_tokens"]["chat"] is None
