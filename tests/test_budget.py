@@ -83,6 +83,10 @@ def test_budget_inverts_the_pooled_fit_and_prices_it_at_measured_rates(tmp_path,
   assert high["train_seconds"][f"Accel 1 ({gpu})"] == pytest.approx(2 * 1e6 / 5e4)
   table = capsys.readouterr().out
   assert "| 2.00 | 1e+06 | 1e+12 | inside the data |" in table
+  # Priced by the MT-Bench line instead: its 1e12 tokens, 1e6 times past the data.
+  by_mt = BU.plan(BU.load_curves([cpu, gpu]), answers, [2.0], 2.0, by="mt_bench")["rows"][0]
+  assert by_mt["past_largest_point"] == pytest.approx(1e6)
+  assert by_mt["generate_seconds"]["Accel 1"] == pytest.approx(1e12 / 5_000)
 
 
 def test_budget_refuses_what_it_cannot_plan(tmp_path):

@@ -4,11 +4,12 @@ costs on each machine that has done it.
 
     python -m jspec.recipes.budget docs/bench/curve_smollm2_eagle3.json \\
         docs/bench/curve_smollm2_eagle3_h200.json --answers data/smollm2_answers \\
-        [--taus 1.6,1.8,2.0,2.5,3.0] [--json OUT.json]
+        [--taus 1.6,1.8,2.0,2.5,3.0] [--by chat|mt_bench] [--json OUT.json]
 
 The curves (`learning_curve`'s curve.json files) of one head are pooled and refitted
 (`learning_curve.fit`: tau = a + b log10(tokens), on the held-out chat prompts and, where the
-points have them, on MT-Bench's first turns). The costs are measured rates, not models:
+points have them, on MT-Bench's first turns); `--by` names the line whose tokens are
+priced. The costs are measured rates, not models:
 
 - writing the answers: the store's shards grouped by the machine that wrote them (its
   manifest entry), each machine's median and fastest shard in answer tokens per second (the
@@ -123,11 +124,15 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
   if seconds < 86400 * 365 * 3:
     return f"{seconds / 86400:.0f} days"
-  return f"{seconds / 86400 / 365:.0f} years"
+  years = seconds / 86400 / 365
+  return f"{years:.0f} years" if years < 1000 else f"{years:.2g} years"
 
 
 def plan(curves: list[dict], store: str | None, taus: list[float], epochs: float,
-         goal: float = 3.0) -> dict:
+         goal: float = 3.0, by: str = "chat") -> dict:
+  """The plan: `by` ("chat" or "mt_bench") names the fit whose tokens are priced."""
+  if by not in ("chat", "mt_bench"):
+    raise ValueError(f"by must be 'chat' or 'mt_bench', got {by!r}")
   heads = {c["head"] for c in curves}
   if len(heads) != 1:
     raise SystemExit(f"the curves are of several heads ({sorted(heads)}): give one head's")
@@ -139,17 +144,17 @@ def plan(curves: list[dict], store: str | None, taus: list[float], epochs: float
   for tau in taus:
     need = {k: tokens_for(fits[k], tau) for k in ("chat", "mt_bench")}
     row = {"tau": tau, "answer_tokens": need}
-    chat = need["chat"]
-    if chat is not None:
-      row["past_largest_point"] = chat / fits["tokens"][1]
+    priced = need[by]
+    if priced is not None:
+      row["past_largest_point"] = priced / fits["tokens"][1]
       if held:
-        row["times_the_store"] = chat / held
-      row["generate_seconds"] = {m: chat / r["fastest"] for m, r in gen.items()}
-      row["train_seconds"] = {f"{t['machine']} ({t['curve']})": chat * epochs
+        row["times_the_store"] = priced / held
+      row["generate_seconds"] = {m: priced / r["fastest"] for m, r in gen.items()}
+      row["train_seconds"] = {f"{t['machine']} ({t['curve']})": priced * epochs
                               / t["tokens_epochs_per_second"] for t in train}
     rows.append(row)
-  return {"head": heads.pop(), "fits": fits, "generation": gen, "training": train,
-          "epochs": epochs, "store_answer_tokens": held, "rows": rows}
+  return {"head": heads.pop(), "fits": fits, "priced_by": by, "generation": gen,
+          "training": train, "epochs": epochs, "store_answer_tokens": held, "rows": rows}
 
 
 def print_plan(p: dict) -> None:
@@ -168,7 +173,9 @@ def print_plan(p: dict) -> None:
           f"{', an upper bound on the cost' if t['upper_bound'] else ''}; {t['curve']})")
   write = list(p["generation"])
   train = [t["machine"] for t in p["training"]]
-  head = (["goal tau", "answer tokens (chat fit)", "(MT-Bench fit)", "past the largest point"]
+  by = p["priced_by"]
+  head = (["goal tau", "answer tokens: chat fit", "MT-Bench fit",
+           f"past the largest point ({'chat' if by == 'chat' else 'MT-Bench'} fit, priced)"]
           + [f"write on {m}" for m in write] + [f"train {p['epochs']:g} epochs on {m}"
                                                 for m in train])
   print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -176,7 +183,7 @@ def print_plan(p: dict) -> None:
     need = row["answer_tokens"]
     cells = [f"{row['tau']:.2f}", f"{need['chat']:.2g}" if need["chat"] else "does not rise",
              f"{need['mt_bench']:.2g}" if need["mt_bench"] else "-"]
-    if need["chat"] is None:
+    if need[by] is None:
       cells += ["-"] * (1 + len(write) + len(train))
     else:
       past = row["past_largest_point"]
@@ -193,6 +200,8 @@ def main(argv=None) -> int:
   ap.add_argument("--answers", default=None, help="the answer store (for the writing rates)")
   ap.add_argument("--taus", default="1.6,1.8,2.0,2.5,3.0")
   ap.add_argument("--epochs", type=float, default=2.0, help="epochs of training per token")
+  ap.add_argument("--by", choices=("chat", "mt_bench"), default="chat",
+                  help="the fit whose answer tokens the cost columns price")
   ap.add_argument("--json", default=None, help="also write the plan here")
   args = ap.parse_args(argv)
   try:
@@ -203,7 +212,7 @@ def main(argv=None) -> int:
     ap.error(f"--taus: give values >= 1 (tau counts the target's own token), got {args.taus!r}")
   if args.epochs <= 0:
     ap.error(f"--epochs must be > 0, got {args.epochs}")
-  p = plan(load_curves(args.curves), args.answers, taus, args.epochs)
+  p = plan(load_curves(args.curves), args.answers, taus, args.epochs, by=args.by)
   print_plan(p)
   if args.json:
     with open(args.json, "w") as f:
