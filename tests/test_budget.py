@@ -104,3 +104,19 @@ def test_budget_refuses_what_it_cannot_plan(tmp_path):
   flat = curve(tmp_path / "flat.json", "eagle3", [point(1e4, 1.3), point(1e5, 1.2)])
   plan = BU.plan(BU.load_curves([flat]), None, [2.0], 2.0)
   assert plan["rows"][0]["answer_tokens"]["chat"] is None
+
+
+def test_the_documented_eagle3_plan_is_what_the_recorded_curves_give():
+  """docs/training.md's budget table comes from the curves in docs/bench and the store."""
+  root = os.path.join(os.path.dirname(__file__), "..")
+  curves = [os.path.join(root, "docs", "bench", n) for n in
+            ("curve_smollm2_eagle3.json", "curve_smollm2_eagle3_h200.json")]
+  plan = BU.plan(BU.load_curves(curves), os.path.join(root, "data", "smollm2_answers"),
+                 [1.8, 2.0], 2.0)
+  assert plan["fits"]["points"] == 6
+  assert round(plan["fits"]["chat"]["b_per_decade"], 3) == 0.226
+  assert round(plan["fits"]["mt_bench"]["b_per_decade"], 3) == 0.151
+  low, high = plan["rows"]
+  assert f"{low['answer_tokens']['chat']:.2g}" == "6.6e+06"
+  assert f"{high['answer_tokens']['chat']:.2g}" == "5.1e+07"
+  assert f"{high['answer_tokens']['mt_bench']:.2g}" == "1.2e+10"
