@@ -193,3 +193,50 @@ def test_recipe_trains_the_published_form_on_a_store(tmp_path):
     R.main(["--out", str(out), "--target", str(tmp_path / "target"), "--work",
             str(tmp_path / "work"), "--answers", store, "--form", "published", "--kind",
             "eagle1"])
+
+
+def test_a_killed_prefill_resumes_at_its_next_chunk(tmp_path):
+  """`partial`: the chunks written before a kill are kept on disk and not computed again;
+  the result equals an uninterrupted prefill's, and `ensure_answer_data` removes the files
+  once its cache is written."""
+  rng = np.random.default_rng(1)
+  target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
+  lengths = rng.integers(3, 20, size=(10,))
+  windows = np.zeros((10, 24), np.int32)
+  for i, n in enumerate(lengths):
+    windows[i, :n] = rng.integers(1, V, size=(n,))
+  kw = dict(chunk=3, width_step=8, progress=False)
+  f_ref, l_ref = W.chunked_features(R.layer_features, target, windows, lengths, (0, 1), **kw)
+  calls = []
+
+  def killed_after(n):
+    def fn(*args):
+      if len(calls) == n:
+        raise KeyboardInterrupt
+      calls.append(args[1].shape)
+      return R.layer_features(*args)
+    return fn
+
+  partial = str(tmp_path / "p")
+  with pytest.raises(KeyboardInterrupt):  # 4 chunks of 3 rows: killed in the third
+    W.chunked_features(killed_after(2), target, windows, lengths, (0, 1), partial=partial, **kw)
+  with open(partial + ".json") as f:
+    assert json.load(f)["chunks"] == 2
+  calls.clear()
+  f, l = W.chunked_features(killed_after(99), target, windows, lengths, (0, 1),
+                            partial=partial, **kw)
+  assert len(calls) == 2  # the last two chunks only
+  np.testing.assert_array_equal(np.asarray(f).view(np.uint16), np.asarray(f_ref).view(np.uint16))
+  np.testing.assert_array_equal(l, l_ref)
+  # Other windows under the same prefix start over rather than reuse the chunks.
+  calls.clear()
+  W.chunked_features(killed_after(99), target, windows[::-1].copy(), lengths[::-1].copy(),
+                     (0, 1), partial=partial, **kw)
+  assert len(calls) == 4
+  # The cache of a store: written, then its partial files gone.
+  store = str(tmp_path / "store")
+  write_store(store)
+  work = str(tmp_path / "work")
+  W.ensure_answer_data(target, work, store, R.layer_features, window=24, heldout=2,
+                       max_windows=None, layers=(0, 1), progress=False)
+  assert not [n for n in os.listdir(work) if ".partial" in n]

@@ -83,11 +83,16 @@ def prefill_shape(backend: str) -> tuple[int, int | None]:
 
 def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarray, layers,
                      chunk: int | None = None, progress: bool = True,
-                     width_step: int | None = 0):
+                     width_step: int | None = 0, partial: str | None = None):
   """features [N, T, F] bf16 and labels [N, T] int32 of windows [N, T]: rows sorted by
   length, each chunk run at its longest row rounded up to `width_step` (at most T; None:
   always T). chunk and width_step default to `prefill_shape` of the default backend.
-  features_fn(target, tokens [b, w], layers) -> (features [b, w, F] bf16, labels [b, w])."""
+  features_fn(target, tokens [b, w], layers) -> (features [b, w, F] bf16, labels [b, w]).
+
+  `partial` (a path prefix): the arrays live in files there (PREFIX.features.npy,
+  PREFIX.labels.npy, memory-mapped) and PREFIX.json counts the chunks written, so a prefill
+  killed part way resumes at its next chunk: on a CPU the whole store's prefill takes hours.
+  The caller removes them (`remove_partial`) once it has kept the result."""
   import jax
   import jax.numpy as jnp
   from tqdm import tqdm
@@ -97,9 +102,24 @@ def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarr
   width_step = default_step if width_step == 0 else width_step
   N, T = windows.shape
   order = np.argsort(lengths, kind="stable")
+  shape = {"N": int(N), "T": int(T), "chunk": int(chunk), "width_step": width_step,
+           "layers": [int(x) for x in layers], "windows": hashlib.sha256(
+               np.ascontiguousarray(windows).tobytes()
+               + np.ascontiguousarray(lengths).tobytes()).hexdigest()}
   feats = labels = None
-  for i in tqdm(range(0, N, chunk), desc="features", disable=not progress):
-    rows = order[i:i + chunk]
+  first = 0
+  if partial is not None and all(os.path.isfile(partial + x) for x in
+                                 (".json", ".features.npy", ".labels.npy")):
+    with open(partial + ".json") as f:
+      state = json.load(f)
+    if state["shape"] == shape:  # the same prefill: go on from its last chunk
+      feats = np.lib.format.open_memmap(partial + ".features.npy", mode="r+")
+      labels = np.lib.format.open_memmap(partial + ".labels.npy", mode="r+")
+      first = int(state["chunks"])
+  starts = range(0, N, chunk)
+  bar = tqdm(total=len(starts), initial=first, desc="features", disable=not progress)
+  for n in range(first, len(starts)):
+    rows = order[starts[n]:starts[n] + chunk]
     width = T if width_step is None else min(
         T, -(-int(lengths[rows].max()) // width_step) * width_step)
     tokens = windows[rows, :width]
@@ -108,10 +128,32 @@ def chunked_features(features_fn, target, windows: np.ndarray, lengths: np.ndarr
     f, l = features_fn(target, jnp.asarray(tokens), tuple(layers))
     f, l = np.asarray(f)[:len(rows)], np.asarray(l)[:len(rows)]
     if feats is None:
-      feats = np.zeros((N, T, f.shape[-1]), f.dtype)
-      labels = np.zeros((N, T), np.int32)
-    feats[rows, :width], labels[rows, :width] = f, l
-  return feats, labels
+      if partial is None:
+        feats = np.zeros((N, T, f.shape[-1]), np.uint16)
+        labels = np.zeros((N, T), np.int32)
+      else:  # (written as uint16: the .npy format has no bfloat16)
+        feats = np.lib.format.open_memmap(partial + ".features.npy", mode="w+",
+                                          dtype=np.uint16, shape=(N, T, f.shape[-1]))
+        labels = np.lib.format.open_memmap(partial + ".labels.npy", mode="w+",
+                                           dtype=np.int32, shape=(N, T))
+    feats[rows, :width], labels[rows, :width] = f.view(np.uint16), l
+    if partial is not None:  # the chunk on disk before it is counted
+      feats.flush()
+      labels.flush()
+      tmp = partial + ".json.tmp"
+      with open(tmp, "w") as fh:
+        json.dump({"shape": shape, "chunks": n + 1}, fh)
+      os.replace(tmp, partial + ".json")
+    bar.update(1)
+  bar.close()
+  return feats.view(jnp.bfloat16), labels
+
+
+def remove_partial(partial: str) -> None:
+  """Removes what `chunked_features(partial=...)` kept for a resumed prefill."""
+  for suffix in (".json", ".features.npy", ".labels.npy"):
+    if os.path.isfile(partial + suffix):
+      os.remove(partial + suffix)
 
 
 def captured_windows(data: dict, chosen: np.ndarray, captured: dict):
@@ -193,9 +235,10 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
     lengths = data["prompt_lengths"] + data["answer_lengths"]
     features, labels, have = captured_windows(data, chosen, captured)
     missing = np.flatnonzero(~have)
-    if len(missing):  # a prefill over the rows nobody captured
+    partial = os.path.join(work, f"answers-{digest}.partial")
+    if len(missing):  # a prefill over the rows nobody captured (resumed if killed)
       f, l = chunked_features(features_fn, target, data["windows"][missing], lengths[missing],
-                              layers, progress=progress)
+                              layers, progress=progress, partial=partial)
       f = f.view(np.uint16)
       if features is None:
         features = np.zeros((len(chosen),) + f.shape[1:], np.uint16)
@@ -206,6 +249,7 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
              heldout_rows=np.arange(len(held)),
              train_rows=np.arange(len(held), len(chosen)), **data)
     os.replace(tmp, path)
+    remove_partial(partial)
     with open(os.path.join(work, f"answers-{digest}.json"), "w") as f:
       json.dump(key, f)
   z = np.load(path)
