@@ -30,6 +30,7 @@ def _bf16(bits):
   return np.asarray(bits).view(jnp.bfloat16).astype(np.float32)
 
 
+@pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_captured_features_equal_a_prefill_and_replace_it(model, tmp_path):
   store, folder = str(tmp_path / "store"), str(tmp_path / "features")
   capture = F.Capture(folder, LAYERS)

@@ -215,6 +215,7 @@ def test_aggregate_tau_acceptance_speedups_and_predictions():
 # ----------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
   plot = ["--plot", str(tmp_path / "suite.png")] if require(
       "matplotlib", optional=True) is not None else []
@@ -371,6 +372,7 @@ def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf,
   assert 0 < learnt[1] <= learnt[2], learnt  # rows written are kept and added to
 
 
+@pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_trained_heads_run_as_chains_trees_and_blocks(tiny_gguf, tmp_path):
   """An EAGLE head given with --eagle runs as a chain (eagle3) and as a dynamic tree of
   --eagle-tree (eagle3-tree, priced at the tree's verify width); a DFlash drafter given with

@@ -35,6 +35,7 @@ def test_chat_ends_at_end_of_input(tiny_gguf, monkeypatch, capsys):
   assert capsys.readouterr().out.count("assistant> ") == 1
 
 
+@pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_demo_on_a_given_gguf_checks_outputs_equal(tiny_gguf, tmp_path, monkeypatch, capsys):
   monkeypatch.setenv("JSPEC_CACHE_DIR", str(tmp_path))
   assert cli.main(["demo", "--model", tiny_gguf, "--per-kind", "1", "--max-new-tokens", "8",

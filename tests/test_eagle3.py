@@ -177,6 +177,7 @@ def test_training_lowers_the_loss_and_raises_acceptance():
   assert tau[1] > tau[0] + 0.15, tau
 
 
+@pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_bench_of_saved_heads(target, eagle3, tmp_path):
   """`bench_heads_real` on a tiny target: a saved head as a chain and as a dynamic tree
   beside n-gram lookup, every answer equal to plain decoding's."""

@@ -22,7 +22,8 @@ def _forward_features(target, sequence, layers):
   return np.asarray(hidden)[0]
 
 
-@pytest.mark.parametrize("layers,temperature", [(LAYERS, 0.0), ((1,), 1.0), ((1, 0, 1), 1.0)])
+@pytest.mark.parametrize("layers,temperature", [
+    (LAYERS, 0.0), pytest.param((1,), 1.0, marks=pytest.mark.slow), ((1, 0, 1), 1.0)])
 def test_features_equal_a_forward_pass_over_the_answer(target, layers, temperature):
   prompts = ragged_prompts(3, target.vocab_size, seed=4, min_len=1, max_len=9)
   kw = dict(max_new_tokens=[7, 11, 4], temperature=temperature, seed=[3, 5, 8], eos_id=())
