@@ -48,6 +48,16 @@ def write_store(out, rows_per_shard=(5, 4), seed=0):
   return every
 
 
+def random_windows(n, seed, width=24):
+  """n windows [n, width] of random ids, each row 3-19 ids long, zeros after: (windows, lengths)."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(3, 20, size=(n,))
+  windows = np.zeros((n, width), np.int32)
+  for i, k in enumerate(lengths):
+    windows[i, :k] = rng.integers(1, V, size=(k,))
+  return windows, lengths
+
+
 def test_store_rows_and_seeded_split(tmp_path):
   rows = write_store(str(tmp_path / "store"))
   got = W.store_rows(str(tmp_path / "store"))
@@ -121,12 +131,8 @@ def test_accelerator_prefill_shape_gives_the_cpu_shapes_features():
   own widths give the same features and labels at every position a row holds (causal
   attention: padding after a row never reaches it)."""
   assert W.prefill_shape("cpu") == (8, W.WIDTH_STEP) and W.prefill_shape("gpu") == (64, None)
-  rng = np.random.default_rng(0)
   target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
-  lengths = rng.integers(3, 20, size=(11,))
-  windows = np.zeros((11, 24), np.int32)
-  for i, n in enumerate(lengths):
-    windows[i, :n] = rng.integers(1, V, size=(n,))
+  windows, lengths = random_windows(11, seed=0)
   runs = [W.chunked_features(R.layer_features, target, windows, lengths, (0, 1), chunk=c,
                              width_step=w, progress=False) for c, w in ((3, 8), (64, None))]
   (f_cpu, l_cpu), (f_acc, l_acc) = runs
@@ -199,12 +205,8 @@ def test_a_killed_prefill_resumes_at_its_next_chunk(tmp_path):
   """`partial`: the chunks written before a kill are kept on disk and not computed again;
   the result equals an uninterrupted prefill's, and `ensure_answer_data` removes the files
   once its cache is written."""
-  rng = np.random.default_rng(1)
   target = jspec.models.init(tiny_config(vocab_size=V, scale=0.5), seed=2)
-  lengths = rng.integers(3, 20, size=(10,))
-  windows = np.zeros((10, 24), np.int32)
-  for i, n in enumerate(lengths):
-    windows[i, :n] = rng.integers(1, V, size=(n,))
+  windows, lengths = random_windows(10, seed=1)
   kw = dict(chunk=3, width_step=8, progress=False)
   f_ref, l_ref = W.chunked_features(R.layer_features, target, windows, lengths, (0, 1), **kw)
   calls = []
