@@ -89,6 +89,24 @@ def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypa
       "points"]) == 3
   with pytest.raises(SystemExit, match="--tokens"):
     LC.main(["--head", "eagle3", "--answers", store, "--tokens", "x", "--out", out])
+  # A point is read only as what it was trained as: other epochs (steps) or other recipe
+  # options into the same --out are refused, not read as the asked point.
+  def changed(option, value):
+    at = argv.index(option) + 1
+    return argv[:at] + [value] + argv[at + 1:]
+
+  with pytest.raises(SystemExit, match="trained for .* steps"):
+    LC.main(changed("--epochs", "8"))
+  with pytest.raises(SystemExit, match="recipe options"):
+    LC.main(changed("--form", "eagle"))
+  assert len(calls) == 3
+  # Another epochs' curve sharing the first's --work trains its own state beside it.
+  argv = changed("--out", str(tmp_path / "c8"))
+  argv = changed("--epochs", "8")
+  cut = argv.index("--")
+  assert LC.main(argv[:cut] + ["--work", os.path.join(out, "work")] + argv[cut:]) == 0
+  assert len(calls) == 5 and {c["--work"] for c in calls[3:]}.isdisjoint(
+      c["--work"] for c in calls[:3])
 
 
 def test_the_draft_model_curve_drives_its_recipe(tmp_path, monkeypatch):

@@ -203,6 +203,43 @@ def _cpu_seconds() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
+def trained_as(folder: str, steps: int, recipe_args: list[str]) -> None:
+  """Refuses a point trained with other steps or recipe options than asked (another
+  --epochs or --min-steps, another --form...): it would be read as the asked point."""
+  path = os.path.join(folder, "curve_point.json")
+  if not os.path.isfile(path):
+    return  # a point trained outside the curve: nothing recorded to compare
+  with open(path) as f:
+    record = json.load(f)
+  argv = record.get("argv") or []
+  trained = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--steps"]
+  if trained and int(trained[0]) != steps:
+    raise SystemExit(f"{folder} was trained for {trained[0]} steps and this curve asks {steps} "
+                     f"(another --epochs or --min-steps): give the curve another --out")
+  # The recipe's options follow the curve's own (`run_point`); what the feature cache holds
+  # (--feature-windows, set by the curve's largest point) does not change what a point is.
+  before = record.get("recipe_args")
+  if before is None and "--no-progress" in argv:  # recorded before recipe_args was
+    rest = argv[argv.index("--no-progress") + 1:]
+    before = rest[2:] if rest[:1] == ["--kind"] else rest
+  given, before = _options(recipe_args), _options(before or [])
+  if before != given:
+    raise SystemExit(f"{folder} was trained with the recipe options {before} and this curve "
+                     f"gives {given}: give the curve another --out")
+
+
+def _options(argv: list[str]) -> list[str]:
+  out, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+    elif a == "--feature-windows":
+      skip = True
+    else:
+      out.append(a)
+  return out
+
+
 def run_point(head: str, answers: str, out: str, tokens: int, windows: int, steps: int,
               recipe_args: list[str], work: str) -> dict:
   """Trains (unless its manifest exists) and reads one point."""
@@ -211,10 +248,14 @@ def run_point(head: str, answers: str, out: str, tokens: int, windows: int, step
   folder = os.path.join(out, f"{head}-{tokens}")
   manifest_path = os.path.join(folder, "manifest.json")
   timing_path = os.path.join(folder, "curve_point.json")
-  if not os.path.isfile(manifest_path):
+  if os.path.isfile(manifest_path):
+    trained_as(folder, steps, recipe_args)
+  else:
     recipe = importlib.import_module(RECIPES[head])
-    # Training state per point (a point resumes only itself); the features shared.
-    argv = ["--answers", answers, "--out", folder, "--work", os.path.join(work, f"{head}-{tokens}"),
+    # Training state per point and step count (a point resumes only itself, and two curves
+    # of other epochs may share one --work); the features shared.
+    argv = ["--answers", answers, "--out", folder, "--work",
+            os.path.join(work, f"{head}-{tokens}-{steps}steps"),
             "--feature-cache", os.path.join(work, "features"), "--max-windows", str(windows),
             "--steps", str(steps), "--no-progress"]
     if head in ("eagle3", "eagle1"):
@@ -225,7 +266,7 @@ def run_point(head: str, answers: str, out: str, tokens: int, windows: int, step
       raise SystemExit(f"the {head} recipe failed at {tokens} tokens (exit {rc})")
     with open(timing_path, "w") as f:
       json.dump({"wall_seconds": time.perf_counter() - t0, "cpu_seconds": _cpu_seconds() - c0,
-                 "argv": argv + recipe_args}, f, indent=1)
+                 "argv": argv + recipe_args, "recipe_args": recipe_args}, f, indent=1)
   with open(manifest_path) as f:
     manifest = json.load(f)
   timing = {}
