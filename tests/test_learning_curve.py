@@ -99,6 +99,8 @@ def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypa
     LC.main(changed("--epochs", "8"))
   with pytest.raises(SystemExit, match="recipe options"):
     LC.main(changed("--form", "eagle"))
+  # Where the features come from is not what a point is: read, not refused or retrained.
+  assert LC.main(argv + ["--features-dir", str(tmp_path / "captures")]) == 0
   assert len(calls) == 3
   # Another epochs' curve sharing the first's --work trains its own state beside it.
   argv = changed("--out", str(tmp_path / "c8"))

@@ -203,6 +203,9 @@ def _cpu_seconds() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
+FEATURE_SOURCES = ("--feature-windows", "--features-dir")
+
+
 def trained_as(folder: str, steps: int, recipe_args: list[str]) -> None:
   """Refuses a point trained with other steps or recipe options than asked (another
   --epochs or --min-steps, another --form...): it would be read as the asked point."""
@@ -216,8 +219,10 @@ def trained_as(folder: str, steps: int, recipe_args: list[str]) -> None:
   if trained and int(trained[0]) != steps:
     raise SystemExit(f"{folder} was trained for {trained[0]} steps and this curve asks {steps} "
                      f"(another --epochs or --min-steps): give the curve another --out")
-  # The recipe's options follow the curve's own (`run_point`); what the feature cache holds
-  # (--feature-windows, set by the curve's largest point) does not change what a point is.
+  # The recipe's options follow the curve's own (`run_point`). Where the features come from
+  # does not change what a point is: the cache's extent (--feature-windows, set by the
+  # curve's largest point) and the capture buffer (--features-dir; captured features equal
+  # the prefill's, `answer_features`).
   before = record.get("recipe_args")
   if before is None and "--no-progress" in argv:  # recorded before recipe_args was
     rest = argv[argv.index("--no-progress") + 1:]
@@ -233,7 +238,7 @@ def _options(argv: list[str]) -> list[str]:
   for a in argv:
     if skip:
       skip = False
-    elif a == "--feature-windows":
+    elif a in FEATURE_SOURCES:
       skip = True
     else:
       out.append(a)
