@@ -247,6 +247,7 @@ def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
     assert (tmp_path / "suite.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_runs_over_categories_merge_into_the_run_over_all(tiny_gguf, tmp_path, capsys):
   """--categories splits one draw across processes; --merge joins their reports into the
   figures of one run over every category (n-gram lookup keeps no state across questions,

@@ -44,6 +44,7 @@ def test_demo_on_a_given_gguf_checks_outputs_equal(tiny_gguf, tmp_path, monkeypa
   assert "Outputs identical: True" in out and "rounds by K (auto)" in out
 
 
+@pytest.mark.slow
 def test_profile_saves_round_costs_that_auto_reads(tiny_gguf, tmp_path, capsys):
   import jspec
 
@@ -116,6 +117,7 @@ def test_generate_chat_drafts_by_name(tiny_gguf, drafting, capsys):
   assert captured.out == plain and "tokens per target call" in captured.err
 
 
+@pytest.mark.slow
 def test_generate_takes_the_penalties(tiny_gguf, plain_completion, capsys):
   """The penalty flags reach decoding (a presence penalty of 100 forbids every repeat of
   an output token, which the tiny model's greedy completion makes) and are exact under speculation; a

@@ -45,6 +45,7 @@ def test_a_batch_1_step_writes_its_cache_in_place(kv_heads):
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA CPU's")
+@pytest.mark.slow
 def test_the_options_change_no_output(target, close_draft):
   """The same greedy tokens with and without the options, plain and speculative."""
   prompts = [[1, 2, 3, 4, 5]]

@@ -627,6 +627,7 @@ def test_eagle_cache_stays_true_through_plain_rounds(target):
                                np.asarray(want["v"][b, :, :upto]), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_drafter_with_sync_alone_is_still_caught_up(target):
   """`sync_calls` is optional: a drafter that defines `sync` alone is caught up before
   a drafting round (not left drafting from a stale cache), with no fee priced."""

@@ -174,6 +174,7 @@ def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
   assert png.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
   """MT-Bench first turns in the target's chat template; a point's head measured on them in
   one batch (answers equal to plain greedy, figures equal to batch 1's) once, then read from

@@ -68,8 +68,9 @@ PENALTIES = dict(repetition_penalty=[1.3, 1.0, 2.0], presence_penalty=[0.5, 1.5,
                  logit_bias=[{3: 2.0, 7: -1.5}, None, {0: 0.5}])
 
 
-@pytest.mark.parametrize("drafter,shape", [("ngram", "chain"), ("model", "chain"),
-                                           ("model", "tree"), ("ngram", "tree")])
+@pytest.mark.parametrize("drafter,shape", [  # trees' compiles in the slow lane
+    ("ngram", "chain"), ("model", "chain"), pytest.param("model", "tree", marks=pytest.mark.slow),
+    pytest.param("ngram", "tree", marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_plain_with_penalties(target, close_draft, drafter, shape):
   """Greedy rows take the argmax of the penalised logits; speculative decoding, whose
   verify positions count the drafts before them, emits what plain decoding emits."""

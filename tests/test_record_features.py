@@ -23,7 +23,8 @@ def _forward_features(target, sequence, layers):
 
 
 @pytest.mark.parametrize("layers,temperature", [
-    (LAYERS, 0.0), pytest.param((1,), 1.0, marks=pytest.mark.slow), ((1, 0, 1), 1.0)])
+    (LAYERS, 0.0), pytest.param((1,), 1.0, marks=pytest.mark.slow),
+    pytest.param((1, 0, 1), 1.0, marks=pytest.mark.slow)])
 def test_features_equal_a_forward_pass_over_the_answer(target, layers, temperature):
   prompts = ragged_prompts(3, target.vocab_size, seed=4, min_len=1, max_len=9)
   kw = dict(max_new_tokens=[7, 11, 4], temperature=temperature, seed=[3, 5, 8], eos_id=())

@@ -106,7 +106,8 @@ def _explained(z, got, want, top_k, top_p, min_p):
   return True
 
 
-@pytest.mark.parametrize("positions", [5, 7], ids=["chain-K4", "tree-N7"])
+@pytest.mark.parametrize("positions", [5, pytest.param(7, marks=pytest.mark.slow)],
+                         ids=["chain-K4", "tree-N7"])
 def test_kept_sets_equal_the_sorting_definition(positions):
   """The sort-free filters keep exactly the tokens the sort-based ones kept (min-p in
   front, vLLM's order), on >= 10,000 rows at chain and tree positions ([B, N, V], N >
