@@ -94,6 +94,11 @@ def test_budget_refuses_what_it_cannot_plan(tmp_path):
   b = curve(tmp_path / "b.json", "dflash", [point(1e4, 1.1)])
   with pytest.raises(SystemExit, match="several heads"):
     BU.main([a, b])
+  # Curves of other epochs per token are other steps at each size: not one line.
+  more = curve(tmp_path / "more.json", "eagle3", [point(1e4, 1.5)], epochs=8.0)
+  with pytest.raises(SystemExit, match="several epochs"):
+    BU.main([a, more])
+  assert BU.plan(BU.load_curves([more]), None, [2.0])["epochs"] == 8.0
   with open(tmp_path / "bad.json", "w") as f:
     f.write("{")
   with pytest.raises(SystemExit, match="bad.json"):

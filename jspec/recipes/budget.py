@@ -19,6 +19,10 @@ priced. The costs are measured rates, not models:
   manifest), or, for points recorded before that, over the point's CPU or wall seconds,
   which also hold the features and the measurement (an upper bound; marked so).
 
+Curves of one epochs per token only: a point's tau is its data and its steps together, so
+curves trained at other epochs are not points of one line (`--epochs` prices another number
+of epochs, but the tokens each goal needs stay the curves' fit at their own).
+
 Everything past the largest point is an extrapolation of a straight line in log tokens,
 which is the optimistic reading (acceptance saturates below 1); the table says how far
 past the data each row lies.
@@ -128,14 +132,23 @@ def hours(seconds: float) -> str:
   return f"{years:.0f} years" if years < 1000 else f"{years:.2g} years"
 
 
-def plan(curves: list[dict], store: str | None, taus: list[float], epochs: float,
+def plan(curves: list[dict], store: str | None, taus: list[float], epochs: float | None = None,
          goal: float = 3.0, by: str = "chat") -> dict:
-  """The plan: `by` ("chat" or "mt_bench") names the fit whose tokens are priced."""
+  """The plan: `by` ("chat" or "mt_bench") names the fit whose tokens are priced; `epochs`
+  prices the training (default: the curves' own, the epochs their fit holds for)."""
   if by not in ("chat", "mt_bench"):
     raise ValueError(f"by must be 'chat' or 'mt_bench', got {by!r}")
   heads = {c["head"] for c in curves}
   if len(heads) != 1:
     raise SystemExit(f"the curves are of several heads ({sorted(heads)}): give one head's")
+  # A point's tau is its data and its steps together (steps = epochs x windows / batch):
+  # pooling curves of other epochs would fit the steps as if they were data.
+  trained = sorted({float(c["epochs"]) for c in curves})
+  if len(trained) != 1:
+    raise SystemExit(f"the curves were trained at several epochs per token ({trained}): a "
+                     f"pooled fit would read their extra steps as data; give curves of one "
+                     f"--epochs")
+  epochs = trained[0] if epochs is None else epochs
   fits = pooled_fits(curves, goal)
   gen = generation_rates(store) if store else {}
   train = [t for t in map(training_rate, curves) if t is not None]
@@ -199,7 +212,9 @@ def main(argv=None) -> int:
   ap.add_argument("curves", nargs="+", metavar="CURVE.json", help="one head's curves")
   ap.add_argument("--answers", default=None, help="the answer store (for the writing rates)")
   ap.add_argument("--taus", default="1.6,1.8,2.0,2.5,3.0")
-  ap.add_argument("--epochs", type=float, default=2.0, help="epochs of training per token")
+  ap.add_argument("--epochs", type=float, default=None,
+                  help="epochs of training per token to price (default: the curves' own; the "
+                       "tokens each goal needs are the curves' fit at their epochs)")
   ap.add_argument("--by", choices=("chat", "mt_bench"), default="chat",
                   help="the fit whose answer tokens the cost columns price")
   ap.add_argument("--json", default=None, help="also write the plan here")
@@ -210,7 +225,7 @@ def main(argv=None) -> int:
     ap.error(f"--taus: comma-separated numbers, got {args.taus!r}")
   if not taus or min(taus) < 1.0:
     ap.error(f"--taus: give values >= 1 (tau counts the target's own token), got {args.taus!r}")
-  if args.epochs <= 0:
+  if args.epochs is not None and args.epochs <= 0:
     ap.error(f"--epochs must be > 0, got {args.epochs}")
   p = plan(load_curves(args.curves), args.answers, taus, args.epochs, by=args.by)
   print_plan(p)
