@@ -42,6 +42,8 @@ def test_demo_on_a_given_gguf_checks_outputs_equal(tiny_gguf, tmp_path, monkeypa
                    "--repeats", "1", "--cache-dir", str(tmp_path / "xla")]) == 0
   out = capsys.readouterr().out
   assert "Outputs identical: True" in out and "rounds by K (auto)" in out
+  ideal = next(line for line in out.splitlines() if line.startswith("ideal speedup"))
+  assert "in-loop T_step" in ideal and not ideal.rstrip().endswith(",")
 
 
 @pytest.mark.slow
