@@ -126,6 +126,11 @@ class TransformerConfig:
   # Axis order of the K/V cache buffers; None: chosen by the backend the cache is made
   # on (`layers.kv_layout_for`: XLA CPU's order on CPU, slot-major elsewhere).
   kv_layout: KVLayout | None = None
+  # The shortest cache prefix a round's attention reads (`layers.attention_spans`): rounds
+  # read the smallest power-of-two multiple of it that holds every row's live slots.
+  # None: the backend's default (128 slots on CPU; the whole cache elsewhere); 0: always
+  # the whole cache.
+  min_attention_span: int | None = None
   # Layers (0-based) whose outputs `apply` returns as `hidden`, concatenated along the
   # last axis; empty: the final normed hidden state (`with_feature_layers`).
   feature_layers: tuple[int, ...] = ()
@@ -345,6 +350,13 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   else:
     slots = cache["k"][0].shape[layout.slot_axis("k")]
     visible, kv_pos = _visibility(start, block_mask, depth, slots)
+  # Attention reads the shortest static span of the cache that holds every row's live
+  # slots (a lax.switch over spans; module docstring): the round's cost follows the
+  # longest live row, not the cache's capacity.
+  spans = (() if cache is None else
+           layers.attention_spans(slots, jax.default_backend(), c.min_attention_span))
+  if len(spans) > 1:
+    which_span = layers.span_index(spans, jnp.max(start) + T)
   sliding = any(c.windows())  # static: full-attention models skip the window mask
   # One token at batch 1 attends to the cache as it was, and to its own K/V apart
   # (module docstring: 1.17-1.23x faster steps on XLA CPU here).
@@ -372,12 +384,23 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         old = layer_cache
         layer_cache = {n: _write(old[n], arranged[n], start, layout.slot_axis(n)) for n in new}
       if split_step:
-        out = layers.step_attention(q, old["k"], old["v"], k, v, seen & before_start, scale,
-                                    c.attn_logit_softcapping, layout)
+        kv, seen = old, seen & before_start
       else:
         kv = arranged if layer_cache is None else layer_cache
-        out = layers.attention(q, kv["k"], kv["v"], seen, scale, c.attn_logit_softcapping,
-                               layout)
+
+      def attend(span, q, kv, seen):
+        ks = layers.read_span(kv["k"], span, layout.slot_axis("k"))
+        vs = layers.read_span(kv["v"], span, layout.slot_axis("v"))
+        if split_step:
+          return layers.step_attention(q, ks, vs, k, v, seen[..., :span], scale,
+                                       c.attn_logit_softcapping, layout)
+        return layers.attention(q, ks, vs, seen[..., :span], scale, c.attn_logit_softcapping,
+                                layout)
+
+      if len(spans) > 1:
+        out = lax.switch(which_span, [functools.partial(attend, n) for n in spans], q, kv, seen)
+      else:
+        out = attend(seen.shape[-1], q, kv, seen)
       out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
       if "bo" in w:
         out = out + w["bo"][None, None, :]

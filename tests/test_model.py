@@ -234,3 +234,34 @@ def test_cache_layouts_decode_identically(kv_heads):
                                    max_new_tokens=12).tokens]
   for a, b in zip(outs[layers.CPU_KV], outs[layers.SLOT_MAJOR_KV]):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_attention_reads_a_span_that_holds_the_live_rows(batch):
+  """Rounds read the shortest cache prefix that holds every row's live slots (a switch
+  over static spans): the same logits and cache as reading the whole cache, for blocks
+  in every span, chains, one-token steps (batch 1: the split step) and a tree mask, over
+  a cache whose unwritten slots hold garbage that would show if a span were too short."""
+  config = dataclasses.replace(tiny_config(), min_attention_span=8)
+  assert jspec.models.transformer.layers.attention_spans(64, "cpu", 8) == (8, 16, 32, 64)
+  spanned = jspec.models.init(config, seed=5)
+  whole = jspec.models.init(dataclasses.replace(config, min_attention_span=0), seed=5)
+  rng = np.random.default_rng(5)
+  tokens = jnp.asarray(rng.integers(0, 64, size=(batch, 60)), jnp.int32)
+  cache = jax.tree_util.tree_map(lambda x: x + 3.0, spanned.init_cache(batch, 64))
+  caches = [cache, cache]
+  step = lambda m: str(jax.make_jaxpr(m.apply)(tokens[:, :1], cache, jnp.zeros((batch,),
+                                                                             jnp.int32)))
+  assert "cond[" in step(spanned) and "cond[" not in step(whole)  # the switch is there
+  mask = jnp.asarray(np.tril(np.ones((4, 4), bool)) & ~np.eye(4, k=-2, dtype=bool))
+  pos = 0
+  for size in (7, 1, 6, 4, 13, 1, 20, 4):  # blocks ending in spans 8, 16, 32 and 64
+    start = jnp.asarray(pos + np.arange(batch) % 2, jnp.int32)  # rows one slot apart
+    tree = size == 4 and pos > 40
+    args = dict(block_mask=mask, depth=jnp.asarray([0, 1, 1, 2])) if tree else {}
+    outs = [jit_apply(m, tokens[:, pos:pos + size], c, start, **args)
+            for m, c in zip((spanned, whole), caches)]
+    chex.assert_trees_all_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(outs[0][2], outs[1][2], atol=1e-5, rtol=1e-5)
+    caches = [outs[0][2], outs[1][2]]
+    pos += size

@@ -266,6 +266,42 @@ def kv_layout_for(backend: str) -> KVLayout:
   return CPU_KV if backend == "cpu" else SLOT_MAJOR_KV
 
 
+# The shortest prefix of the cache a round's attention reads on the CPU backend. A
+# round reads the cache's slots up to the smallest span (MIN_SPAN, 2 MIN_SPAN, 4 ..., S)
+# that holds every row's live slots, so its cost follows the rows' lengths, not the
+# cache's capacity (`attention_spans`, measured in models/transformer.py).
+MIN_SPAN = 128
+
+
+def attention_spans(slots: int, backend: str, min_span: int | None = None) -> tuple[int, ...]:
+  """The static prefixes of a cache of `slots` slots that attention may read: powers of
+  two times `min_span` below `slots`, then `slots` itself, shortest first.
+
+  min_span None: the backend's default, MIN_SPAN on CPU and the whole cache elsewhere
+  (each span is a branch of a `lax.switch`, and on GPU a conditional waits for its
+  predicate on the host; ragged attention kernels are the form there). 0: the whole
+  cache."""
+  if min_span is None:
+    min_span = MIN_SPAN if backend == "cpu" else 0
+  if min_span <= 0:
+    return (slots,)
+  spans, span = [], int(min_span)
+  while span < slots:
+    spans.append(span)
+    span *= 2
+  return tuple(spans) + (slots,)
+
+
+def span_index(spans: tuple[int, ...], extent) -> jax.Array:
+  """[] int32: the index of the shortest of `spans` that holds `extent` [] slots."""
+  return jnp.sum(extent > jnp.asarray(spans[:-1], jnp.int32)).astype(jnp.int32)
+
+
+def read_span(buffer, span: int, axis: int):
+  """The first `span` slots of a cache buffer along its slot axis (static)."""
+  return buffer if buffer.shape[axis] == span else lax.slice_in_dim(buffer, 0, span, axis=axis)
+
+
 def attention(q, k, v, visible, scale: float, softcap: float | None = None,
               layout: KVLayout = CPU_KV) -> jax.Array:
   """Grouped-query attention.
