@@ -52,6 +52,8 @@ _EXPORTS = {
     "Tokenizer": "jspec.io.tokenizer",
     "Tree": "jspec.core.tree",
     "generate": "jspec.planner.api",
+    "Engine": "jspec.planner.engine",
+    "generate_many": "jspec.planner.many",
     "generate_text": "jspec.io.text",
     "load": "jspec.io.checkpoint",
     "load_drafter": "jspec.io.drafter_layouts",

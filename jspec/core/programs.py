@@ -17,6 +17,7 @@ row's prompt and output, filled for slots 0..L-2; None when off), `auto` adds ro
 from __future__ import annotations
 
 from jspec.core import compilation, decode, dynamic, logprobs
+from jspec.core import slots as slots_lib
 from jspec.core.drafter import remembered
 
 
@@ -51,3 +52,16 @@ def auto(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seed
   out, new_lengths = decode.output_tokens(state.decode)
   return (out, new_lengths, state.decode.stats, _records(state.decode),
           remembered(drafter, state.decode.drafter_state), state.schedule.rounds)
+
+
+@compilation.program(static_argnames=("config", "slots", "width"))
+def many(target, drafter, queue, count, eos_ids, config: decode.DecodeConfig, slots: int,
+         width: int):
+  """The first `count` requests of `queue` (`slots_lib.Queue`, N rows, a bucket) through
+  `slots` rows in one loop (`slots_lib.decode_queue`). Returns tokens [N, width],
+  lengths [N], stats [N], records ([N, width], or None) and memory, per request in
+  queue order."""
+  results, state = slots_lib.decode_queue(target, drafter, queue, count, eos_ids, config,
+                                          slots, width)
+  return (results.tokens, results.lengths, results.stats, results.logprobs,
+          remembered(drafter, state.drafter_state))

@@ -1,0 +1,507 @@
+"""`jspec.Engine`: live requests on the slots of one decode state.
+
+`generate_many` serves a queue known in advance inside one compiled loop. An Engine
+serves requests as they arrive: callers `submit` from any thread and read tokens as
+they are committed; one worker thread owns the decode state (B slots, `jspec.core.slots`)
+on the device and alternates two kinds of compiled program:
+
+    insert   one request prefilled and written over a free slot (one program per
+             prompt bucket; `Engine.warmup` compiles them all up front)
+    run      R rounds over every slot, then the tokens and counters back to the host
+
+Neither recompiles as requests come and go: prompts, lengths, settings and seeds are
+all traced. After each `run` the worker hands every request its new tokens (with the
+time they reached the host), finishes those that ended (EOS, a stop id, max tokens,
+cancelled) and refills their slots from the queue.
+
+Stop ids are the request's own: the host cuts the output at the first one (kept, as
+EOS is) and frees the slot; a stop inside a run's R rounds costs at most R - 1 rounds
+of that slot. A request's output does not depend on its slot or neighbours: greedy
+requests equal `generate` on the prompt alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.core import compilation, decode, sampling, schedule
+from jspec.core import slots as slots_lib
+from jspec.core.model import Model
+from jspec.planner import inputs, placement, plan
+
+
+class QueueFull(RuntimeError):
+  """`Engine.submit` when the queue already holds `max_queue` waiting requests."""
+
+
+class EngineClosed(RuntimeError):
+  """`Engine.submit` after `close`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOutput:
+  """What one request produced and how it went."""
+
+  tokens: list[int]  # new tokens, the stop id or EOS included when one ended it
+  finish_reason: str  # "stop" (EOS or a stop id), "length" (max_new_tokens), "cancelled"
+  prompt_length: int
+  submitted: float  # time.perf_counter() at submit
+  token_times: list[float]  # seconds from submit to each token's arrival on the host
+  target_calls: int  # rounds the request was in a slot (verify calls)
+  accepted: int  # drafts accepted and emitted
+  position_judged: list[int]  # per draft position, rounds that judged it
+  position_accepted: list[int]  # per draft position, rounds that accepted it
+
+  @property
+  def time_to_first_token(self) -> float | None:
+    return self.token_times[0] if self.token_times else None
+
+  @property
+  def tokens_per_call(self) -> float:
+    """Tau: new tokens per target call."""
+    return len(self.tokens) / max(self.target_calls, 1)
+
+
+class Handle:
+  """One submitted request: iterate it for tokens as they come, or wait for `result`."""
+
+  def __init__(self, engine: "Engine", rid: int, prompt_length: int, max_new: int,
+               stop_ids: frozenset[int]):
+    self.id = rid
+    self._engine = engine
+    self._prompt_length = prompt_length
+    self._max_new = max_new
+    self._stop_ids = stop_ids
+    self._submitted = time.perf_counter()
+    self._tokens: list[int] = []
+    self._times: list[float] = []
+    self._cond = threading.Condition()
+    self._output: RequestOutput | None = None
+    self._error: BaseException | None = None
+
+  @property
+  def done(self) -> bool:
+    return self._output is not None or self._error is not None
+
+  def cancel(self) -> bool:
+    """Cancel the request (its slot is freed at the next step). False if it had ended."""
+    return self._engine.cancel(self)
+
+  def result(self, timeout: float | None = None) -> RequestOutput:
+    """Wait for the request to end; TimeoutError after `timeout` seconds."""
+    with self._cond:
+      if not self._cond.wait_for(lambda: self.done, timeout):
+        raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+    if self._error is not None:
+      raise self._error
+    return self._output
+
+  def __iter__(self):
+    """The new tokens, each as soon as it reaches the host."""
+    i = 0
+    while True:
+      with self._cond:
+        self._cond.wait_for(lambda: len(self._tokens) > i or self.done)
+        ready = self._tokens[i:]
+        finished = self.done
+      yield from ready
+      i += len(ready)
+      if finished and i >= len(self._tokens):
+        if self._error is not None:
+          raise self._error
+        return
+
+  # Worker side.
+  def _push(self, tokens, now: float) -> bool:
+    """Append new tokens; True when a stop id ended the request (cut after it)."""
+    stopped = False
+    kept = []
+    for t in tokens:
+      kept.append(int(t))
+      if int(t) in self._stop_ids:
+        stopped = True
+        break
+    with self._cond:
+      self._tokens.extend(kept)
+      self._times.extend([now - self._submitted] * len(kept))
+      self._cond.notify_all()
+    return stopped
+
+  def _finish(self, reason: str, stats=None):
+    K = 0 if stats is None else len(stats["position_judged"])
+    judged = [0] * K if stats is None else [int(x) for x in stats["position_judged"]]
+    accepted_at = [0] * K if stats is None else [int(x) for x in stats["position_accepted"]]
+    with self._cond:
+      self._output = RequestOutput(
+          tokens=list(self._tokens), finish_reason=reason, prompt_length=self._prompt_length,
+          submitted=self._submitted, token_times=list(self._times),
+          target_calls=0 if stats is None else int(stats["target_calls"]),
+          accepted=0 if stats is None else int(stats["accepted"]),
+          position_judged=judged, position_accepted=accepted_at)
+      self._cond.notify_all()
+
+  def _fail(self, error: BaseException):
+    with self._cond:
+      self._error = error
+      self._cond.notify_all()
+
+
+@dataclasses.dataclass
+class _Pending:
+  handle: Handle
+  queue: slots_lib.Queue  # the request as a queue of one, placed
+  cancelled: bool = False
+
+
+def _insert(target, drafter, state, slot, one, eos_ids, config):
+  target, drafter = decode.prepared(target, drafter)
+  axes = slots_lib.row_axes(target, drafter, one, eos_ids, config)
+  row = slots_lib.row_state(target, drafter, one, eos_ids, config)
+  return slots_lib.insert(state, row, slot, axes)
+
+
+_insert_program = compilation.program(_insert, static_argnames=("config",), donate_argnums=(2,))
+
+
+def _run(target, drafter, state, stop, rounds, config):
+  """Rows `stop` [B] ended first (cancelled or stopped on the host), then up to `rounds`
+  rounds (fewer once every row is done). Returns the state with finished rows parked
+  (`slots.freed`) and, from before parking, tokens [B, S], lengths, done and stats."""
+  target, drafter = decode.prepared(target, drafter)
+  state = dataclasses.replace(state, done=state.done | stop)
+
+  def body(carry):
+    s, i = carry
+    s, _ = decode.decode_round(target, drafter, s, config)
+    return s, i + 1
+
+  state, _ = jax.lax.while_loop(lambda c: (c[1] < rounds) & jnp.any(~c[0].done), body,
+                                (state, jnp.zeros((), jnp.int32)))
+  seen = (state.tokens, state.lengths, state.done, state.stats)
+  return slots_lib.freed(state, state.done), seen
+
+
+_run_program = compilation.program(_run, static_argnames=("config",), donate_argnums=(2,))
+
+
+class Engine:
+  """B slots of live decoding over a target and an optional drafter.
+
+      engine = jspec.Engine(model, jspec.NGram(model.vocab_size), slots=32,
+                            num_draft_tokens=4, cache_length=1024)
+      handle = engine.submit(prompt_ids, max_new_tokens=64, temperature=0.7, seed=1)
+      for token in handle: ...               # streamed as rounds commit them
+      out = handle.result()                   # tokens, finish_reason, timings, tau
+      engine.close()
+
+  Args:
+    target: the `jspec.Model`.
+    drafter: None (plain decoding), a `jspec.Model` or any drafter, as for
+      `speculative_generate`; num_draft_tokens / tree as there (a fixed K or a tree).
+    slots: B, the requests decoded at once.
+    cache_length: slots of cache per row: a request needs its prompt + max_new_tokens +
+      a verify block. Rounds read the cache up to the longest live row only.
+    max_queue: requests that may wait for a slot; `submit` raises `QueueFull` beyond.
+    rounds: R, the rounds of each run between host visits (streaming granularity).
+    eos_id: the EOS ids every request stops at (None: the model's).
+    penalties, logit_bias: whether requests may set penalties / a logit bias (static:
+      counting tokens costs every round something).
+  """
+
+  def __init__(self, target: Model, drafter=None, *, slots: int = 32, cache_length: int = 1024,
+               num_draft_tokens=None, tree=None, max_queue: int = 1024, rounds: int = 4,
+               eos_id=None, penalties: bool = False, logit_bias: bool = False,
+               start: bool = True):
+    if not isinstance(target, Model):
+      raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
+    for name, value, low in (("slots", slots, 1), ("cache_length", cache_length, 2),
+                             ("max_queue", max_queue, 0), ("rounds", rounds, 1)):
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    K, tree_, side, d = 0, None, None, None
+    if drafter is not None:
+      speculation = plan.speculation(target, drafter, num_draft_tokens, tree)
+      if isinstance(speculation.k, schedule.AutoK):
+        raise ValueError('Engine drafts a fixed K or tree; give num_draft_tokens=K')
+      d, tree_, side, K = (speculation.drafter, speculation.tree, speculation.side,
+                           speculation.max_k)
+    elif num_draft_tokens is not None or tree is not None:
+      raise ValueError("num_draft_tokens / tree need a drafter")
+    self.slots, self.cache_length, self.max_queue, self.rounds = (int(slots), int(cache_length),
+                                                                  int(max_queue), int(rounds))
+    self.num_draft_tokens = K
+    self._block = decode.block_width(K, tree_, side)
+    if self.cache_length <= self._block:
+      raise ValueError(f"cache_length {cache_length} leaves no room past a verify block of "
+                       f"{self._block} slots")
+    self._penalties, self._bias = bool(penalties), bool(logit_bias)
+    self._eos_id = eos_id
+    self._target = target.decoding_form()
+    self._drafter = plan.decoding_form(d)
+    self._config = decode.DecodeConfig(num_draft_tokens=K, cache_length=self.cache_length,
+                                       tree=tree_, side=side)
+    self._eos = jnp.asarray(inputs.eos_array(target.eos_ids if eos_id is None else eos_id,
+                                             target.vocab_size))
+    self._eos_set = frozenset(int(i) for i in np.asarray(self._eos) if i >= 0)
+    self._lock = threading.Condition()
+    self._pending: collections.deque[_Pending] = collections.deque()
+    self._owner: list[_Pending | None] = [None] * self.slots
+    self._seen = np.zeros(self.slots, np.int64)  # tokens already handed out per slot
+    self._stop = np.zeros(self.slots, bool)  # slots to end at the next run
+    self._ids = itertools.count()
+    self._closing = False
+    self._drain = True
+    self._error: BaseException | None = None
+    # Counters for metrics (`stats`).
+    self.completed = 0
+    self.generated_tokens = 0
+    self.target_calls = 0
+    self.runs = 0
+    self._state = None
+    self._thread = None
+    if start:
+      self.start()
+
+  # ------------------------------------------------------------------ requests
+
+  def _one(self, prompt, max_new_tokens, settings: dict, seed) -> tuple[slots_lib.Queue, int]:
+    """A request checked (clear errors before any tracing) and placed as a queue of one."""
+    if not isinstance(prompt, (list, tuple, np.ndarray)) or len(prompt) == 0:
+      raise ValueError("prompt must be a non-empty list of token ids")
+    if not self._penalties and (settings["repetition_penalty"] != 1.0
+                                or settings["presence_penalty"] != 0.0
+                                or settings["frequency_penalty"] != 0.0):
+      raise ValueError("this Engine was built without penalties=True")
+    if not self._bias and settings["logit_bias"] is not None:
+      raise ValueError("this Engine was built without logit_bias=True")
+    request = inputs.request(self._target, [list(prompt)], None, max_new_tokens,
+                             eos_id=self._eos_id, seed=[int(seed)],
+                             cache_length=self.cache_length, block=self._block, **settings)
+    view = _Always(request, self._penalties, self._bias, self._target.vocab_size)
+    _, _, rows = placement.place(self._target, None, view, None, None)
+    queue = slots_lib.Queue(tokens=rows.tokens, prompt_lengths=rows.lengths,
+                            max_new=rows.max_new, seeds=rows.seeds, params=rows.params)
+    return queue, int(request.max_new[0])
+
+  def submit(self, prompt, *, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0,
+             min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+             logit_bias=None, seed: int | None = None, stop_ids=()) -> Handle:
+    """Queue one request; returns its `Handle`. Safe from any thread.
+
+    Settings as in `jspec.generate`, for this request alone; stop_ids: token ids that
+    end this request (kept in its output) besides the engine's EOS ids. seed None: a
+    fresh seed per request. Raises ValueError / TypeError for bad input, `QueueFull`
+    when `max_queue` requests already wait, `EngineClosed` after `close`."""
+    rid = next(self._ids)
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                    frequency_penalty=frequency_penalty, logit_bias=logit_bias)
+    stops = frozenset(int(i) for i in np.asarray(stop_ids, np.int64).reshape(-1))
+    if any(not 0 <= i < self._target.vocab_size for i in stops):
+      raise ValueError(f"stop_ids must be ids in [0, {self._target.vocab_size})")
+    queue, max_new = self._one(prompt, max_new_tokens, settings,
+                               inputs.mix(rid, 0x5EED) if seed is None else seed)
+    handle = Handle(self, rid, len(prompt), max_new, stops)
+    with self._lock:
+      if self._closing:
+        raise EngineClosed("the engine is closed")
+      if self._error is not None:
+        raise EngineClosed(f"the engine stopped on an error: {self._error!r}")
+      if len(self._pending) >= self.max_queue:
+        raise QueueFull(f"{len(self._pending)} requests already wait for a slot "
+                        f"(max_queue={self.max_queue})")
+      self._pending.append(_Pending(handle, queue))
+      self._lock.notify_all()
+    return handle
+
+  def cancel(self, handle: Handle) -> bool:
+    """End `handle`'s request now (waiting or decoding). False if it had already ended;
+    ValueError for a handle of another engine."""
+    if not isinstance(handle, Handle) or handle._engine is not self:
+      raise ValueError("not a handle of this engine")
+    with self._lock:
+      if handle.done:
+        return False
+      for p in self._pending:
+        if p.handle is handle:
+          self._pending.remove(p)
+          handle._finish("cancelled")
+          return True
+      for b, p in enumerate(self._owner):
+        if p is not None and p.handle is handle:
+          p.cancelled = True
+          self._stop[b] = True
+          self._lock.notify_all()
+          return True
+    return False
+
+  @property
+  def queued(self) -> int:
+    return len(self._pending)
+
+  @property
+  def active(self) -> int:
+    return sum(p is not None for p in self._owner)
+
+  # ------------------------------------------------------------------ worker
+
+  def start(self):
+    """Build the decode state and start the worker thread (the constructor does, unless
+    start=False)."""
+    if self._thread is not None:
+      return
+    self._state = _empty(self._target, self._drafter, self._placeholder(), self.slots,
+                         self._eos, self._config)
+    self._thread = threading.Thread(target=self._work, name="jspec-engine", daemon=True)
+    self._thread.start()
+
+  def _placeholder(self) -> slots_lib.Queue:
+    return self._one([0], 1, dict(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0,
+                                  repetition_penalty=1.0, presence_penalty=0.0,
+                                  frequency_penalty=0.0,
+                                  logit_bias=({} if self._bias else None)), 0)[0]
+
+  def warmup(self, prompt_buckets=None):
+    """Compile the run program and the insert program of each prompt bucket (default:
+    every bucket up to the cache) now, not at the first request of each."""
+    P, buckets = inputs.PROMPT_BUCKET_MIN, []
+    while P < self.cache_length - self._block:
+      buckets.append(P)
+      P *= 2
+    for P in prompt_buckets or buckets:
+      handle = self.submit([0] * min(P, self.cache_length - self._block - 1), max_new_tokens=1)
+      handle.result()
+
+  def _work(self):
+    try:
+      while True:
+        with self._lock:
+          self._lock.wait_for(lambda: self._closing or self._pending or self.active)
+          if self._closing and (not self._drain or (not self._pending and not self.active)):
+            break
+        self._admit()
+        if self.active:
+          self._step()
+    except BaseException as e:  # the engine is broken: every request hears why
+      with self._lock:
+        self._error = e
+        waiting = [p.handle for p in self._pending] + [p.handle for p in self._owner if p]
+        self._pending.clear()
+        self._owner = [None] * self.slots
+      for h in waiting:
+        h._fail(RuntimeError(f"the engine stopped on an error: {e!r}"))
+      return
+    with self._lock:  # closed without draining: what remains is cancelled
+      leftover = [p.handle for p in self._pending] + [p.handle for p in self._owner if p]
+      self._pending.clear()
+      self._owner = [None] * self.slots
+    for h in leftover:
+      h._finish("cancelled")
+
+  def _admit(self):
+    """Fill free slots from the queue, in order."""
+    while True:
+      with self._lock:
+        free = [b for b, p in enumerate(self._owner) if p is None]
+        if not free or not self._pending:
+          return
+        pending = self._pending.popleft()
+        slot = free[0]
+        self._owner[slot] = pending
+        self._seen[slot] = 0
+        self._stop[slot] = False  # the insert replaces whatever the row was doing
+      self._state = _insert_program(self._target, self._drafter, self._state, np.int32(slot),
+                                    pending.queue, self._eos, config=self._config)
+
+  def _step(self):
+    with self._lock:
+      stop = self._stop.copy()
+      self._stop[:] = False
+    self._state, seen = _run_program(self._target, self._drafter, self._state, stop,
+                                     np.int32(self.rounds), config=self._config)
+    tokens, lengths, done, stats = jax.device_get(seen)
+    now = time.perf_counter()
+    self.runs += 1
+    for b in range(self.slots):
+      with self._lock:
+        pending = self._owner[b]
+      if pending is None:
+        continue
+      handle = pending.handle
+      P = handle._prompt_length
+      start = P + int(self._seen[b])
+      new = tokens[b, start:int(lengths[b])]
+      stopped = handle._push(new, now) if len(new) else False
+      self._seen[b] += len(new)
+      if pending.cancelled or stopped or done[b]:
+        row = {f: np.asarray(getattr(stats, f))[b] for f in
+               ("target_calls", "accepted", "position_judged")}
+        row["position_accepted"] = np.asarray(stats.position_accepted)[b]
+        if pending.cancelled:
+          reason = "cancelled"
+        elif stopped:
+          reason = "stop"
+        else:
+          last = handle._tokens[-1] if handle._tokens else -1
+          reason = "stop" if last in self._eos_set else "length"
+        handle._finish(reason, row)
+        self.completed += 1
+        self.generated_tokens += len(handle._tokens)
+        self.target_calls += int(row["target_calls"])
+        with self._lock:
+          self._owner[b] = None
+          # A row that the host ended (stop id, cancel) is still decoding on the device.
+          self._stop[b] = not done[b]
+
+  def close(self, drain: bool = True, timeout: float | None = None):
+    """Stop the worker: drain=True finishes every submitted request first, False cancels
+    what is waiting or decoding. New submits raise `EngineClosed` from now on."""
+    with self._lock:
+      self._closing = True
+      self._drain = drain
+      self._lock.notify_all()
+    if self._thread is not None:
+      self._thread.join(timeout)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close(drain=exc[0] is None)
+
+
+class _Always:
+  """A `Request` view for an Engine's state, which always holds `SamplingParams` (greedy
+  requests are per-row one-hots), so that greedy and sampled requests share one
+  program: never `greedy`, `penalized` as the engine says, and with a [1, V] logit bias
+  (zeros when the request has none) where the engine has one."""
+
+  def __init__(self, request: inputs.Request, penalties: bool, bias: bool, vocab_size: int):
+    self._r = request
+    self.penalized = penalties
+    self.greedy = False
+    self.logit_bias = request.logit_bias
+    if bias and self.logit_bias is None:
+      self.logit_bias = np.zeros((request.batch, vocab_size), np.float32)
+
+  def __getattr__(self, name):
+    return getattr(self._r, name)
+
+
+def _empty(target, drafter, one: slots_lib.Queue, B: int, eos_ids, config):
+  return _empty_program(target, drafter, one, eos_ids, config=config, slots=B)
+
+
+@compilation.program(static_argnames=("config", "slots"))
+def _empty_program(target, drafter, one, eos_ids, config, slots):
+  target, drafter = decode.prepared(target, drafter)
+  return slots_lib.empty_state(target, drafter, one, slots, eos_ids, config)

@@ -1,0 +1,110 @@
+"""`jspec.Engine`: live requests joining and leaving the slots of one decode state."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import jspec
+from jspec.planner import engine as engine_lib
+from conftest import assert_greedy_match, ragged_prompts
+
+V = 64
+
+
+@pytest.fixture(scope="module")
+def ngram_engine(target):
+  engine = jspec.Engine(target, jspec.NGram(V, max_ngram=2), slots=3, num_draft_tokens=3,
+                        cache_length=96, rounds=2, max_queue=64)
+  yield engine
+  engine.close()
+
+
+def test_requests_from_many_threads_equal_their_lone_runs(target, ngram_engine):
+  """Requests of mixed lengths submitted from 4 threads while others decode: each
+  greedy answer equals speculative_generate on its prompt alone, and streaming yields
+  the same tokens as the result."""
+  prompts = ragged_prompts(10, V, seed=2)
+  news = [int(n) for n in np.random.default_rng(2).integers(1, 40, size=10)]
+  handles = [None] * 10
+
+  def submit(ids):
+    for i in ids:
+      handles[i] = ngram_engine.submit(prompts[i], max_new_tokens=news[i])
+
+  threads = [threading.Thread(target=submit, args=(range(t, 10, 4),)) for t in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  streamed = list(handles[0])
+  for i, h in enumerate(handles):
+    out = h.result(timeout=300)
+    alone = jspec.speculative_generate(target, jspec.NGram(V, max_ngram=2), [prompts[i]],
+                                       num_draft_tokens=3, max_new_tokens=news[i], eos_id=())
+    assert out.finish_reason == "length" and len(out.tokens) == news[i]
+    assert_greedy_match(target, [prompts[i]], np.asarray(alone.tokens),
+                        np.asarray([out.tokens]))
+    assert out.target_calls == int(alone.stats.target_calls[0])
+    assert len(out.token_times) == news[i] and out.time_to_first_token > 0
+    assert out.token_times == sorted(out.token_times)
+  assert streamed == handles[0].result().tokens
+
+
+def test_sampled_request_and_stop_ids(target, ngram_engine):
+  """A sampled request equals the lone run with the same seed; a stop id ends a request
+  (kept, as EOS is) and frees its slot."""
+  prompt = [5, 9, 2, 7]
+  h = ngram_engine.submit(prompt, max_new_tokens=20, temperature=0.9, top_k=10, seed=42)
+  alone = jspec.speculative_generate(target, jspec.NGram(V, max_ngram=2), [prompt],
+                                     num_draft_tokens=3, max_new_tokens=20, temperature=0.9,
+                                     top_k=10, seed=[42], eos_id=())
+  assert h.result(timeout=300).tokens == np.asarray(alone.tokens[0]).tolist()
+  full = ngram_engine.submit(prompt, max_new_tokens=20).result(timeout=300).tokens
+  stop = full[6]
+  out = ngram_engine.submit(prompt, max_new_tokens=20, stop_ids=[stop]).result(timeout=300)
+  assert out.finish_reason == "stop"
+  assert out.tokens == full[:full.index(stop) + 1]
+
+
+def test_cancel_full_queue_and_bad_input(target):
+  """Cancelling a waiting and a decoding request, a full queue, and bad input: clear
+  errors before any tracing; every request is answered, refused or cancelled."""
+  idle = jspec.Engine(target, slots=1, cache_length=96, max_queue=2, start=False)
+  waiting = [idle.submit([4], max_new_tokens=5), idle.submit([6], max_new_tokens=5)]
+  with pytest.raises(engine_lib.QueueFull, match="max_queue=2"):
+    idle.submit([7], max_new_tokens=5)
+  assert waiting[1].cancel() and not waiting[1].cancel()
+  assert waiting[1].result(timeout=1).finish_reason == "cancelled"
+  with pytest.raises(ValueError, match="not a handle of this engine"):
+    jspec.Engine(target, slots=1, cache_length=32, start=False).cancel(waiting[0])
+  idle.start()  # the one left waiting is served
+  assert waiting[0].result(timeout=300).finish_reason == "length"
+  idle.close()
+  with pytest.raises(engine_lib.EngineClosed):
+    idle.submit([1], max_new_tokens=4)
+
+  engine = jspec.Engine(target, slots=1, cache_length=400, rounds=1)
+  try:
+    long = engine.submit([1, 2, 3], max_new_tokens=390)
+    for _ in long:  # the first token: it is decoding
+      break
+    assert long.cancel()
+    out = long.result(timeout=300)
+    assert out.finish_reason == "cancelled" and len(out.tokens) < 390
+    after = engine.submit([1, 2, 3], max_new_tokens=5).result(timeout=300)  # the slot is free
+    assert after.finish_reason == "length" and len(after.tokens) == 5
+    with pytest.raises(ValueError, match="cache_length"):
+      engine.submit([1] * 20, max_new_tokens=390)
+    with pytest.raises(ValueError, match="temperature"):
+      engine.submit([1], max_new_tokens=4, temperature=-1)
+    with pytest.raises(ValueError, match="penalties"):
+      engine.submit([1], max_new_tokens=4, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="non-empty"):
+      engine.submit([], max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+      engine.submit([1], max_new_tokens=0)
+    with pytest.raises(ValueError, match="stop_ids"):
+      engine.submit([1], max_new_tokens=4, stop_ids=[V])
+  finally:
+    engine.close(drain=False, timeout=60)
