@@ -34,7 +34,8 @@ def generate_many(target: Model, drafter, prompts, *, slots: int = 32, max_new_t
                   num_draft_tokens=None, tree=None, temperature=0.0, top_k=0, top_p=1.0,
                   min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                   frequency_penalty=0.0, logit_bias=None, eos_id=None, seed=0,
-                  cache_length=None, return_logprobs=False, constraint=None) -> GenerateOutput:
+                  cache_length=None, return_logprobs=False, constraint=None,
+                  order: str = "longest_first") -> GenerateOutput:
   """Decode N prompts (N may be far above `slots`) through `slots` rows at once.
 
   Each request runs alone in its slot: its output does not depend on its slot, its
@@ -56,6 +57,11 @@ def generate_many(target: Model, drafter, prompts, *, slots: int = 32, max_new_t
       the longest live row (`jspec.models.TransformerConfig.min_attention_span`), so a
       long cache costs memory, not time per round.
     return_logprobs: as in `generate`.
+    order: which waiting request takes a free slot first. "longest_first" (the
+      default): the largest prompt + max_new_tokens first, so the longest requests do
+      not start last and run alone at the end (longest-processing-time scheduling;
+      EOS may still end any request early); "in_order": as given. Outputs come back
+      in input order either way, and no request's output depends on it.
 
   Returns a `GenerateOutput` with one row per prompt, in input order: tokens
   [N, max(max_new_tokens)], lengths, per-request stats (`target_calls` counts the
@@ -88,12 +94,18 @@ def generate_many(target: Model, drafter, prompts, *, slots: int = 32, max_new_t
                            repetition_penalty=repetition_penalty,
                            presence_penalty=presence_penalty,
                            frequency_penalty=frequency_penalty, logit_bias=logit_bias)
+  if order not in ("longest_first", "in_order"):
+    raise ValueError(f'order must be "longest_first" or "in_order", got {order!r}')
+  served = np.arange(N)
+  if order == "longest_first":
+    served = np.argsort(-(request.lengths + request.max_new), kind="stable")
+  request = _rows(request, served)
   bucket = max(QUEUE_BUCKET_MIN, 1 << (N - 1).bit_length())
-  request = _padded(request, bucket)
+  request = _rows(request, np.concatenate([np.arange(N), np.zeros(bucket - N, np.int64)]))
   if constraint is not None and isinstance(constraint, (list, tuple)):
     if len(constraint) != N:
       raise ValueError(f"constraint: one per prompt ({N}) or one for all, got {len(constraint)}")
-    constraint = list(constraint) + [None] * (bucket - N)
+    constraint = [constraint[i] for i in served] + [None] * (bucket - N)
   target, d, rows = placement.place(target, d, request, constraint, None)
   target, d = target.decoding_form(), plan.decoding_form(d)
   most_new = int(request.max_new[:N].max())
@@ -105,21 +117,21 @@ def generate_many(target: Model, drafter, prompts, *, slots: int = 32, max_new_t
   tokens, lengths, stats, records, memory = programs.many(
       target, d, queue, np.int32(N), rows.eos_ids, config=config, slots=int(slots),
       width=width)
-  cut = lambda tree: jax.tree_util.tree_map(lambda x: x[:N], tree)
-  return outputs.collect(tokens[:N], lengths[:N], cut(stats),
+  back = np.argsort(served)  # queue position of each input row
+  cut = lambda tree: jax.tree_util.tree_map(lambda x: jnp.asarray(x)[back], tree)
+  return outputs.collect(cut(tokens), cut(lengths), cut(stats),
                          None if records is None else cut(records), most_new, None, memory)
 
 
-def _padded(request: inputs.Request, bucket: int) -> inputs.Request:
-  """The request with rows appended up to `bucket` (copies of its first row; the program
-  never serves them)."""
+def _rows(request: inputs.Request, index: np.ndarray) -> inputs.Request:
+  """The request's rows taken at `index` (a permutation, or with repeats: the padding of
+  a queue bucket, which the program never serves). Seeds were fixed per input row
+  before, so a request keeps its own stream wherever it is served."""
   N = request.batch
-  if bucket == N:
-    return request
   fields = {}
   for f in dataclasses.fields(request):
     value = getattr(request, f.name)
     if isinstance(value, np.ndarray) and value.ndim >= 1 and value.shape[0] == N and \
         f.name != "eos_ids":
-      fields[f.name] = np.concatenate([value, np.repeat(value[:1], bucket - N, axis=0)])
+      fields[f.name] = value[index]
   return dataclasses.replace(request, **fields)
