@@ -108,3 +108,36 @@ def test_cancel_full_queue_and_bad_input(target):
       engine.submit([1], max_new_tokens=4, stop_ids=[V])
   finally:
     engine.close(drain=False, timeout=60)
+
+
+@pytest.mark.parametrize("auto", [False, True], ids=["fixed", "auto"])
+def test_batch_follows_the_load_and_rows_survive_the_moves(target, close_draft, far_draft,
+                                                           auto):
+  """Six requests at once grow the state from batch 1 to 8; as they finish, the long one
+  left is moved into a batch of 1 mid-answer. Every answer equals its lone run (greedy:
+  a row moved between batches keeps its cache, drafter state and counters). With "auto"
+  (costs given, and a draft the target rarely agrees with) rounds at K = 3 give way to
+  plain rounds as the evidence comes in."""
+  k = jspec.AutoK(choices=(0, 3), costs=(1.0, 1.6)) if auto else 3
+  draft = far_draft if auto else close_draft
+  engine = jspec.Engine(target, draft, slots=8, num_draft_tokens=k, cache_length=128,
+                        rounds=1)
+  try:
+    assert engine.buckets == (1, 2, 4, 8) and engine.batch == 1
+    prompts = ragged_prompts(6, V, seed=9)
+    news = [5, 9, 3, 70, 12, 6]
+    handles = [engine.submit(p, max_new_tokens=n) for p, n in zip(prompts, news)]
+    outs = [h.result(timeout=300) for h in handles]
+    assert engine.batch < 8  # moved down while the long request still decoded
+    for p, n, out in zip(prompts, news, outs):
+      alone = jspec.speculative_generate(target, draft, [p], num_draft_tokens=3,
+                                         max_new_tokens=n, eos_id=())
+      assert_greedy_match(target, [p], np.asarray(alone.tokens), np.asarray([out.tokens]))
+      if not auto:
+        assert out.target_calls == int(alone.stats.target_calls[0])
+        assert out.position_judged == np.asarray(alone.stats.position_judged[0]).tolist()
+    assert set(engine.rounds_by_batch) >= {1, 8}
+    if auto:
+      assert engine.rounds_by_k[0] > 0 and engine.rounds_by_k[3] > 0, engine.rounds_by_k
+  finally:
+    engine.close()

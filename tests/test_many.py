@@ -114,7 +114,8 @@ def test_insert_replaces_every_row_leaf_and_keeps_the_others(target, close_draft
   def run(target, drafter, queue):
     target, drafter = decode.prepared(target, drafter)
     axes = slots_lib.row_axes(target, drafter, queue, eos, config)
-    state = slots_lib.empty_state(target, drafter, queue, 3, eos, config)
+    state = slots_lib.empty_state(target, drafter, slots_lib.request(queue, jnp.int32(0)), 3,
+                                  eos, config)
     state = jax.tree_util.tree_map(lambda x: x + 1 if x.dtype == jnp.float32 else x, state)
     row = slots_lib.row_state(target, drafter, slots_lib.request(queue, jnp.int32(1)), eos,
                               config)

@@ -205,7 +205,7 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
 
 
 def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeConfig,
-                auto: AutoK, channel=None) -> AutoState:
+                auto: AutoK, channel=None, limit=None) -> AutoState:
   """Run dynamic rounds until every row is done.
 
   One `lax.while_loop` per choice of K, run one after another inside an outer
@@ -216,11 +216,15 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
   each time a phase began, as branch operands cannot be updated in place, and at batch
   64 those copies cost more than the drafting rounds they began gained. Loops in
   sequence hand their carry over in place.
+
+  limit: optional [] int32: stop (at a round's end) once the rounds run over the
+  state's life, `sum(schedule.rounds)`, reach it (`jspec.Engine` runs R rounds at a time).
   """
   target, drafter = decode.prepared(target, drafter)
 
   def not_done(s: AutoState):
-    return jnp.any(~s.decode.done)
+    going = jnp.any(~s.decode.done)
+    return going if limit is None else going & (jnp.sum(s.schedule.rounds) < limit)
 
   def remaining(s: AutoState):
     return jnp.where(s.decode.done, -1, s.decode.max_lengths - s.decode.lengths)

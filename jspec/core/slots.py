@@ -95,24 +95,33 @@ def row_state(target, drafter, one: Queue, eos_ids, config: decode.DecodeConfig)
                            one.params, eos_ids, one.seeds, row_config, one.constraint)
 
 
-def empty_state(target, drafter, queue: Queue, B: int, eos_ids, config: decode.DecodeConfig):
-  """B free slots: every row done, holding a one-token stand-in prompt (no prefill)."""
-  one = request(queue, jnp.int32(0))
+def stand_ins(one: Queue, B: int) -> Queue:
+  """B copies of request `one` cut to a one-token prompt with nothing to generate: the
+  rows of an empty batch (done from the start, nothing to prefill)."""
   stand_in = dataclasses.replace(one, tokens=one.tokens[:, :1],
                                  prompt_lengths=jnp.ones((1,), jnp.int32),
                                  max_new=jnp.zeros((1,), jnp.int32))
-  rows = repeated(stand_in, B)
+  return repeated(stand_in, B)
+
+
+def empty_state(target, drafter, one: Queue, B: int, eos_ids, config: decode.DecodeConfig):
+  """B free slots: every row done, holding a one-token stand-in prompt (no prefill).
+  one: any request (a queue of one), for the shapes of the per-row settings."""
+  rows = stand_ins(one, B)
   return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
                            rows.params, eos_ids, rows.seeds, config, rows.constraint)
 
 
 def row_axes(target, drafter, queue: Queue, eos_ids, config: decode.DecodeConfig):
-  """For each leaf of the decode state: its batch axis, or SHARED. Found by comparing
-  the state's shapes at batch 1 and 2 (static; nothing is computed)."""
-  def shapes(B):
-    return jax.eval_shape(lambda q: empty_state(target, drafter, q, B, eos_ids, config), queue)
+  """For each leaf of the decode state: its batch axis, or SHARED (`axes_of`)."""
+  return axes_of(lambda B: empty_state(target, drafter, request(queue, jnp.int32(0)), B,
+                                       eos_ids, config))
 
-  one, two = shapes(1), shapes(2)
+
+def axes_of(make):
+  """For each leaf of the state `make(B)` builds: its batch axis, or SHARED. Found by
+  comparing the state's shapes at batch 1 and 2 (static; nothing is computed)."""
+  one, two = jax.eval_shape(lambda: make(1)), jax.eval_shape(lambda: make(2))
 
   def axis(a, b):
     differ = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
@@ -136,6 +145,22 @@ def insert(state: decode.DecodeState, row: decode.DecodeState, slot, axes) -> de
                                     else small.astype(big.dtype), index)
 
   return jax.tree_util.tree_map(put, state, row, axes)
+
+
+def resized(state, index, axes):
+  """A state of len(index) rows: row j is `state`'s row index[j] ([b] int32; -1: a free
+  row, a copy of row 0 that the caller parks). Leaves the rows share are kept."""
+  take = jnp.maximum(index, 0)
+
+  def gather(leaf, axis):
+    return leaf if axis == SHARED else jnp.take(leaf, take, axis=axis)
+
+  return jax.tree_util.tree_map(gather, state, axes)
+
+
+def parked(state: decode.DecodeState, free) -> decode.DecodeState:
+  """Rows `free` [B] bool marked done and parked (`freed`)."""
+  return freed(dataclasses.replace(state, done=state.done | free), free)
 
 
 @jax.tree_util.register_dataclass
@@ -194,7 +219,7 @@ def decode_queue(target, drafter, queue: Queue, count, eos_ids, config: decode.D
   target, drafter = decode.prepared(target, drafter)
   N = count.astype(jnp.int32)
   axes = row_axes(target, drafter, queue, eos_ids, config)
-  state = empty_state(target, drafter, queue, B, eos_ids, config)
+  state = empty_state(target, drafter, request(queue, jnp.int32(0)), B, eos_ids, config)
   owner = jnp.full((B,), -1, jnp.int32)  # the request in each slot; -1: free
   results = empty_results(queue.size, M, config.num_draft_tokens, config.logprobs)
 

@@ -33,10 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import compilation, decode, sampling, schedule
+from jspec.core import compilation, decode, dynamic, schedule
 from jspec.core import slots as slots_lib
 from jspec.core.model import Model
 from jspec.planner import inputs, placement, plan
+
+
+SHRINK_AFTER = 4  # runs in a row with the load in a smaller bucket before moving to it
 
 
 class QueueFull(RuntimeError):
@@ -162,35 +165,97 @@ class _Pending:
   cancelled: bool = False
 
 
-def _insert(target, drafter, state, slot, one, eos_ids, config):
+# ---------------------------------------------------------------------- programs
+#
+# The engine's state is a `decode.DecodeState` (a fixed K, or plain) or a
+# `dynamic.AutoState` ("auto"), of one of a few batch sizes (`Engine` buckets). costs
+# [C] and catch_up [] are "auto"'s round costs at the state's batch (traced; unused
+# otherwise).
+
+
+def _decode_of(state) -> decode.DecodeState:
+  return state.decode if isinstance(state, dynamic.AutoState) else state
+
+
+def _with_decode(state, d: decode.DecodeState):
+  return dataclasses.replace(state, decode=d) if isinstance(state, dynamic.AutoState) else d
+
+
+def _made(target, drafter, rows: slots_lib.Queue, eos_ids, costs, catch_up, config, auto):
+  """The state of `rows` (prefilled), fixed-K or "auto"."""
+  if auto is None:
+    return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
+                             rows.params, eos_ids, rows.seeds, config, rows.constraint)
+  return dynamic.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
+                            rows.params, eos_ids, rows.seeds, costs, config, auto,
+                            rows.constraint, catch_up)
+
+
+def _empty(target, drafter, one, eos_ids, costs, catch_up, config, auto, B):
+  return _made(target, drafter, slots_lib.stand_ins(one, B), eos_ids, costs, catch_up, config,
+               auto)
+
+
+def _axes(target, drafter, one, eos_ids, costs, catch_up, config, auto):
+  return slots_lib.axes_of(lambda B: _empty(target, drafter, one, eos_ids, costs, catch_up,
+                                            config, auto, B))
+
+
+@compilation.program(static_argnames=("config", "auto", "slots"))
+def _empty_program(target, drafter, one, eos_ids, costs, catch_up, config, auto, slots):
   target, drafter = decode.prepared(target, drafter)
-  axes = slots_lib.row_axes(target, drafter, one, eos_ids, config)
-  row = slots_lib.row_state(target, drafter, one, eos_ids, config)
+  return _empty(target, drafter, one, eos_ids, costs, catch_up, config, auto, slots)
+
+
+@compilation.program(static_argnames=("config", "auto"))
+def _row_program(target, drafter, one, eos_ids, costs, catch_up, config, auto):
+  """One request alone, prefilled, at its prompt's width (one program per prompt
+  bucket, whatever the engine's batch)."""
+  target, drafter = decode.prepared(target, drafter)
+  row_config = dataclasses.replace(config, cache_length=one.tokens.shape[1], layout=None)
+  return _made(target, drafter, one, eos_ids, costs, catch_up, row_config, auto)
+
+
+@compilation.program(static_argnames=("config", "auto"), donate_argnums=(2,))
+def _put_program(target, drafter, state, row, slot, one, eos_ids, costs, catch_up, config, auto):
+  """`state` with `row` written over slot `slot` (`slots.insert`)."""
+  axes = _axes(target, drafter, one, eos_ids, costs, catch_up, config, auto)
   return slots_lib.insert(state, row, slot, axes)
 
 
-_insert_program = compilation.program(_insert, static_argnames=("config",), donate_argnums=(2,))
+@compilation.program(static_argnames=("config", "auto"))
+def _resize_program(target, drafter, state, index, one, eos_ids, costs, catch_up, config, auto):
+  """A state of len(index) rows holding `state`'s rows `index` (-1: a free row)."""
+  axes = _axes(target, drafter, one, eos_ids, costs, catch_up, config, auto)
+  out = slots_lib.resized(state, index, axes)
+  return _with_decode(out, slots_lib.parked(_decode_of(out), index < 0))
 
 
-def _run(target, drafter, state, stop, rounds, config):
+@compilation.program(static_argnames=("config", "auto"), donate_argnums=(2,))
+def _run_program(target, drafter, state, stop, rounds, costs, catch_up, config, auto):
   """Rows `stop` [B] ended first (cancelled or stopped on the host), then up to `rounds`
   rounds (fewer once every row is done). Returns the state with finished rows parked
   (`slots.freed`) and, from before parking, tokens [B, S], lengths, done and stats."""
   target, drafter = decode.prepared(target, drafter)
-  state = dataclasses.replace(state, done=state.done | stop)
+  d = _decode_of(state)
+  state = _with_decode(state, dataclasses.replace(d, done=d.done | stop))
+  if auto is None:
+    def body(carry):
+      s, i = carry
+      s, _ = decode.decode_round(target, drafter, s, config)
+      return s, i + 1
 
-  def body(carry):
-    s, i = carry
-    s, _ = decode.decode_round(target, drafter, s, config)
-    return s, i + 1
-
-  state, _ = jax.lax.while_loop(lambda c: (c[1] < rounds) & jnp.any(~c[0].done), body,
-                                (state, jnp.zeros((), jnp.int32)))
-  seen = (state.tokens, state.lengths, state.done, state.stats)
-  return slots_lib.freed(state, state.done), seen
-
-
-_run_program = compilation.program(_run, static_argnames=("config",), donate_argnums=(2,))
+    state, _ = jax.lax.while_loop(lambda c: (c[1] < rounds) & jnp.any(~c[0].done), body,
+                                  (state, jnp.zeros((), jnp.int32)))
+  else:
+    sched = dataclasses.replace(state.schedule, costs=costs, catch_up=catch_up)
+    limit = jnp.sum(sched.rounds) + rounds
+    state = dynamic.decode_loop(target, drafter, dataclasses.replace(state, schedule=sched),
+                                config, auto, limit=limit)
+  d = _decode_of(state)
+  rounds_by_k = state.schedule.rounds if auto is not None else None
+  seen = (d.tokens, d.lengths, d.done, d.stats, rounds_by_k)
+  return _with_decode(state, slots_lib.freed(d, d.done)), seen
 
 
 class Engine:
@@ -206,13 +271,19 @@ class Engine:
   Args:
     target: the `jspec.Model`.
     drafter: None (plain decoding), a `jspec.Model` or any drafter, as for
-      `speculative_generate`; num_draft_tokens / tree as there (a fixed K or a tree).
-    slots: B, the requests decoded at once.
+      `speculative_generate`; num_draft_tokens / tree as there: a fixed K, a tree, or
+      "auto" (a `jspec.AutoK`), which chooses K = 0 or its largest choice every round,
+      priced at the batch size the engine runs at that moment: speculation where the
+      load leaves spare compute, plain decoding where it does not.
+    slots: B, the most requests decoded at once. The engine runs at the smallest batch
+      of `buckets` (default: powers of two up to B, and B) that holds its requests,
+      moving the rows when the load crosses one: a lone request decodes at batch 1.
     cache_length: slots of cache per row: a request needs its prompt + max_new_tokens +
       a verify block. Rounds read the cache up to the longest live row only.
     max_queue: requests that may wait for a slot; `submit` raises `QueueFull` beyond.
     rounds: R, the rounds of each run between host visits (streaming granularity).
     eos_id: the EOS ids every request stops at (None: the model's).
+    buckets: the batch sizes the engine may run at (each compiles its programs once).
     penalties, logit_bias: whether requests may set penalties / a logit bias (static:
       counting tokens costs every round something).
   """
@@ -220,20 +291,31 @@ class Engine:
   def __init__(self, target: Model, drafter=None, *, slots: int = 32, cache_length: int = 1024,
                num_draft_tokens=None, tree=None, max_queue: int = 1024, rounds: int = 4,
                eos_id=None, penalties: bool = False, logit_bias: bool = False,
-               start: bool = True):
+               buckets=None, start: bool = True):
     if not isinstance(target, Model):
       raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
     for name, value, low in (("slots", slots, 1), ("cache_length", cache_length, 2),
                              ("max_queue", max_queue, 0), ("rounds", rounds, 1)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    K, tree_, side, d = 0, None, None, None
+    K, tree_, side, d, auto = 0, None, None, None, None
+    self._given_costs = None
     if drafter is not None:
       speculation = plan.speculation(target, drafter, num_draft_tokens, tree)
-      if isinstance(speculation.k, schedule.AutoK):
-        raise ValueError('Engine drafts a fixed K or tree; give num_draft_tokens=K')
       d, tree_, side, K = (speculation.drafter, speculation.tree, speculation.side,
                            speculation.max_k)
+      if isinstance(speculation.k, schedule.AutoK):
+        if tree_ is not None:
+          raise ValueError('num_draft_tokens="auto" runs chains: give no tree')
+        # One drafting K beside plain rounds, so that every batch size shares the state's
+        # shape; each batch prices the two itself (`_bucket_costs`).
+        auto = dataclasses.replace(speculation.k, choices=(0, speculation.k.max_k), costs=None)
+        given = speculation.k
+        if given.costs:  # the caller's costs at 0 and the largest K, for every batch
+          by_k = dict(zip(given.choices, given.costs))
+          if 0 not in by_k:
+            raise ValueError("AutoK costs for an Engine must include K = 0's")
+          self._given_costs = (by_k[0], by_k[given.max_k])
     elif num_draft_tokens is not None or tree is not None:
       raise ValueError("num_draft_tokens / tree need a drafter")
     self.slots, self.cache_length, self.max_queue, self.rounds = (int(slots), int(cache_length),
@@ -252,11 +334,22 @@ class Engine:
     self._eos = jnp.asarray(inputs.eos_array(target.eos_ids if eos_id is None else eos_id,
                                              target.vocab_size))
     self._eos_set = frozenset(int(i) for i in np.asarray(self._eos) if i >= 0)
+    self._auto = auto
+    if buckets is None:
+      buckets = [1 << i for i in range(self.slots.bit_length()) if 1 << i < self.slots]
+      buckets.append(self.slots)
+    buckets = sorted({int(b) for b in buckets})
+    if buckets[0] < 1 or buckets[-1] != self.slots:
+      raise ValueError(f"buckets must be batch sizes >= 1 ending at slots ({self.slots}), "
+                       f"got {buckets}")
+    self.buckets = tuple(buckets)
+    self._costs: dict[int, tuple] = {}
+    self._low_runs = 0  # runs in a row the load would fit half the batch
     self._lock = threading.Condition()
     self._pending: collections.deque[_Pending] = collections.deque()
-    self._owner: list[_Pending | None] = [None] * self.slots
-    self._seen = np.zeros(self.slots, np.int64)  # tokens already handed out per slot
-    self._stop = np.zeros(self.slots, bool)  # slots to end at the next run
+    self._owner: list[_Pending | None] = []  # per row of the state: its request or None
+    self._seen = np.zeros(0, np.int64)  # tokens already handed out per row
+    self._stop = np.zeros(0, bool)  # rows to end at the next run
     self._ids = itertools.count()
     self._closing = False
     self._drain = True
@@ -266,6 +359,8 @@ class Engine:
     self.generated_tokens = 0
     self.target_calls = 0
     self.runs = 0
+    self.rounds_by_batch: dict[int, int] = {}  # runs at each batch size
+    self.rounds_by_k: dict[int, int] = {}  # "auto": rounds at each K since the engine began
     self._state = None
     self._thread = None
     if start:
@@ -359,8 +454,8 @@ class Engine:
     start=False)."""
     if self._thread is not None:
       return
-    self._state = _empty(self._target, self._drafter, self._placeholder(), self.slots,
-                         self._eos, self._config)
+    self._one_shape = self._placeholder()
+    self._resize(self.buckets[0])
     self._thread = threading.Thread(target=self._work, name="jspec-engine", daemon=True)
     self._thread.start()
 
@@ -370,16 +465,69 @@ class Engine:
                                   frequency_penalty=0.0,
                                   logit_bias=({} if self._bias else None)), 0)[0]
 
+  def _bucket_costs(self, B: int):
+    """(costs [C], catch_up []) of "auto"'s two choices at batch B: the prior of
+    `speculative_generate` at this batch and cache (`plan.round_costs`). Where no K can
+    beat plain decoding at B, the drafting choice is priced out (it never wins)."""
+    if self._auto is None:
+      return np.zeros((1,), np.float32), np.float32(0.0)
+    if B not in self._costs:
+      auto = dataclasses.replace(self._auto, costs=self._given_costs)
+      priced = plan.round_costs(self._target, self._drafter, auto, B, self.cache_length,
+                                greedy=False, filtered=False)
+      by_k = dict(zip(priced.choices, priced.costs))
+      plain = by_k.get(0, min(priced.costs))
+      costs = [plain, by_k.get(self._auto.choices[1], 1e6 * plain)]
+      self._costs[B] = (np.asarray(costs, np.float32), np.float32(priced.catch_up))
+    return self._costs[B]
+
+  def _statics(self, B: int):
+    costs, catch_up = self._bucket_costs(B)
+    return (self._one_shape, self._eos, costs, catch_up)
+
+  @property
+  def batch(self) -> int:
+    """The batch the engine runs at now (one of `buckets`)."""
+    return len(self._owner)
+
+  def _resize(self, B: int):
+    """Move the live requests into a state of B rows (the smallest bucket that holds
+    them): a lone request then decodes at batch 1, a busy engine at its slots."""
+    one, eos, costs, catch_up = self._statics(B)
+    with self._lock:
+      live = [b for b, p in enumerate(self._owner) if p is not None]
+      owner = [self._owner[b] for b in live] + [None] * (B - len(live))
+      seen = np.concatenate([self._seen[live], np.zeros(B - len(live), np.int64)])
+      stop = np.concatenate([self._stop[live], np.zeros(B - len(live), bool)])
+    if self._state is None:
+      self._state = _empty_program(self._target, self._drafter, one, eos, costs, catch_up,
+                                   config=self._config, auto=self._auto, slots=B)
+    else:
+      index = np.asarray(live + [-1] * (B - len(live)), np.int32)
+      self._state = _resize_program(self._target, self._drafter, self._state, index, one, eos,
+                                    costs, catch_up, config=self._config, auto=self._auto)
+    with self._lock:
+      self._owner, self._seen, self._stop = owner, seen, stop
+    self._low_runs = 0
+
+  def _fitting(self, n: int) -> int:
+    """The smallest bucket that holds n requests."""
+    return next((b for b in self.buckets if b >= n), self.buckets[-1])
+
   def warmup(self, prompt_buckets=None):
-    """Compile the run program and the insert program of each prompt bucket (default:
-    every bucket up to the cache) now, not at the first request of each."""
-    P, buckets = inputs.PROMPT_BUCKET_MIN, []
+    """Compile now what the first requests would compile: the run, insert and resize
+    programs of every batch bucket and the row program of each prompt bucket (default:
+    every bucket up to the cache)."""
+    P, prompts = inputs.PROMPT_BUCKET_MIN, []
     while P < self.cache_length - self._block:
-      buckets.append(P)
+      prompts.append(P)
       P *= 2
-    for P in prompt_buckets or buckets:
-      handle = self.submit([0] * min(P, self.cache_length - self._block - 1), max_new_tokens=1)
-      handle.result()
+    for P in prompt_buckets or prompts:
+      self.submit([0] * min(P, self.cache_length - self._block - 1),
+                  max_new_tokens=1).result()
+    for B in self.buckets[1:]:  # B requests at once grow the state to bucket B
+      for h in [self.submit([0], max_new_tokens=2) for _ in range(B)]:
+        h.result()
 
   def _work(self):
     try:
@@ -396,19 +544,24 @@ class Engine:
         self._error = e
         waiting = [p.handle for p in self._pending] + [p.handle for p in self._owner if p]
         self._pending.clear()
-        self._owner = [None] * self.slots
+        self._owner = [None] * len(self._owner)
       for h in waiting:
         h._fail(RuntimeError(f"the engine stopped on an error: {e!r}"))
       return
     with self._lock:  # closed without draining: what remains is cancelled
       leftover = [p.handle for p in self._pending] + [p.handle for p in self._owner if p]
       self._pending.clear()
-      self._owner = [None] * self.slots
+      self._owner = [None] * len(self._owner)
     for h in leftover:
       h._finish("cancelled")
 
   def _admit(self):
-    """Fill free slots from the queue, in order."""
+    """Grow the batch to hold what waits (up to `slots`), then fill free rows from the
+    queue, in order."""
+    with self._lock:
+      wanted = self._fitting(min(self.active + len(self._pending), self.slots))
+    if wanted > self.batch:
+      self._resize(wanted)
     while True:
       with self._lock:
         free = [b for b, p in enumerate(self._owner) if p is None]
@@ -419,19 +572,29 @@ class Engine:
         self._owner[slot] = pending
         self._seen[slot] = 0
         self._stop[slot] = False  # the insert replaces whatever the row was doing
-      self._state = _insert_program(self._target, self._drafter, self._state, np.int32(slot),
-                                    pending.queue, self._eos, config=self._config)
+      one, eos, costs, catch_up = self._statics(self.batch)
+      row = _row_program(self._target, self._drafter, pending.queue, eos, costs, catch_up,
+                         config=self._config, auto=self._auto)
+      self._state = _put_program(self._target, self._drafter, self._state, row, np.int32(slot),
+                                 one, eos, costs, catch_up, config=self._config,
+                                 auto=self._auto)
 
   def _step(self):
     with self._lock:
       stop = self._stop.copy()
       self._stop[:] = False
+    _, eos, costs, catch_up = self._statics(self.batch)
     self._state, seen = _run_program(self._target, self._drafter, self._state, stop,
-                                     np.int32(self.rounds), config=self._config)
-    tokens, lengths, done, stats = jax.device_get(seen)
+                                     np.int32(self.rounds), costs, catch_up,
+                                     config=self._config, auto=self._auto)
+    tokens, lengths, done, stats, rounds_by_k = jax.device_get(seen)
     now = time.perf_counter()
     self.runs += 1
-    for b in range(self.slots):
+    self.rounds_by_batch[self.batch] = self.rounds_by_batch.get(self.batch, 0) + 1
+    if rounds_by_k is not None:  # the state's counts since it was made (a resize keeps them)
+      self.rounds_by_k = {k: int(r) for k, r in zip(self._auto.choices, rounds_by_k)}
+    accepted_at = np.asarray(stats.position_accepted)
+    for b in range(self.batch):
       with self._lock:
         pending = self._owner[b]
       if pending is None:
@@ -445,7 +608,7 @@ class Engine:
       if pending.cancelled or stopped or done[b]:
         row = {f: np.asarray(getattr(stats, f))[b] for f in
                ("target_calls", "accepted", "position_judged")}
-        row["position_accepted"] = np.asarray(stats.position_accepted)[b]
+        row["position_accepted"] = accepted_at[b]
         if pending.cancelled:
           reason = "cancelled"
         elif stopped:
@@ -461,6 +624,13 @@ class Engine:
           self._owner[b] = None
           # A row that the host ended (stop id, cancel) is still decoding on the device.
           self._stop[b] = not done[b]
+    # Shrink once the load has fit half the batch for a few runs in a row (not at once:
+    # a load that hovers at a bucket's edge would move the rows back and forth).
+    with self._lock:
+      fits = self._fitting(self.active + len(self._pending))
+    self._low_runs = self._low_runs + 1 if fits < self.batch else 0
+    if self._low_runs >= SHRINK_AFTER:
+      self._resize(fits)
 
   def close(self, drain: bool = True, timeout: float | None = None):
     """Stop the worker: drain=True finishes every submitted request first, False cancels
@@ -495,13 +665,3 @@ class _Always:
 
   def __getattr__(self, name):
     return getattr(self._r, name)
-
-
-def _empty(target, drafter, one: slots_lib.Queue, B: int, eos_ids, config):
-  return _empty_program(target, drafter, one, eos_ids, config=config, slots=B)
-
-
-@compilation.program(static_argnames=("config", "slots"))
-def _empty_program(target, drafter, one, eos_ids, config, slots):
-  target, drafter = decode.prepared(target, drafter)
-  return slots_lib.empty_state(target, drafter, one, slots, eos_ids, config)
