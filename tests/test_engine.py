@@ -136,7 +136,7 @@ def test_batch_follows_the_load_and_rows_survive_the_moves(target, close_draft, 
       if not auto:
         assert out.target_calls == int(alone.stats.target_calls[0])
         assert out.position_judged == np.asarray(alone.stats.position_judged[0]).tolist()
-    assert set(engine.rounds_by_batch) >= {1, 8}
+    assert set(engine.runs_by_batch) >= {1, 8}
     if auto:
       assert engine.rounds_by_k[0] > 0 and engine.rounds_by_k[3] > 0, engine.rounds_by_k
   finally:

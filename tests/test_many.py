@@ -210,3 +210,26 @@ def test_bad_input_is_refused_before_tracing(target, close_draft):
     jspec.generate_many(target, None, [[1], [2]], max_new_tokens=4, temperature=[0.5, -1.0])
   with pytest.raises(ValueError, match="need a drafter"):
     jspec.generate_many(target, None, [[1]], max_new_tokens=4, num_draft_tokens=3)
+
+
+def test_the_pure_layer_runs_inside_a_users_jit(target):
+  """`slots.decode_queue` is a pure function: inside a user's own jitted step (params as
+  arguments) it serves the queue as `generate_many` does."""
+  prompts, news = _requests(5, seed=6)
+  out = jspec.generate_many(target, None, prompts, slots=2, max_new_tokens=news,
+                            order="in_order")
+  P = 16
+  tokens = jnp.asarray([p + [0] * (P - len(p)) for p in prompts], jnp.int32)
+  queue = slots_lib.Queue(tokens=tokens, prompt_lengths=jnp.asarray([len(p) for p in prompts]),
+                          max_new=jnp.asarray(news), seeds=jnp.arange(5), params=None)
+  config = decode.DecodeConfig(num_draft_tokens=0, cache_length=64)
+
+  @jax.jit
+  def step(model, queue):
+    results, _ = slots_lib.decode_queue(model, None, queue, jnp.int32(5),
+                                        jnp.asarray([-1], jnp.int32), config, 2, 48)
+    return results.tokens, results.lengths
+
+  tokens, lengths = step(target, queue)
+  np.testing.assert_array_equal(np.asarray(lengths), news)
+  np.testing.assert_array_equal(np.asarray(tokens)[:, :max(news)], np.asarray(out.tokens))

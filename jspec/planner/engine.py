@@ -359,7 +359,7 @@ class Engine:
     self.generated_tokens = 0
     self.target_calls = 0
     self.runs = 0
-    self.rounds_by_batch: dict[int, int] = {}  # runs at each batch size
+    self.runs_by_batch: dict[int, int] = {}  # runs (of up to R rounds) at each batch size
     self.rounds_by_k: dict[int, int] = {}  # "auto": rounds at each K since the engine began
     self._state = None
     self._thread = None
@@ -590,7 +590,7 @@ class Engine:
     tokens, lengths, done, stats, rounds_by_k = jax.device_get(seen)
     now = time.perf_counter()
     self.runs += 1
-    self.rounds_by_batch[self.batch] = self.rounds_by_batch.get(self.batch, 0) + 1
+    self.runs_by_batch[self.batch] = self.runs_by_batch.get(self.batch, 0) + 1
     if rounds_by_k is not None:  # the state's counts since it was made (a resize keeps them)
       self.rounds_by_k = {k: int(r) for k, r in zip(self._auto.choices, rounds_by_k)}
     accepted_at = np.asarray(stats.position_accepted)
