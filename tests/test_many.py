@@ -233,3 +233,42 @@ def test_the_pure_layer_runs_inside_a_users_jit(target):
   tokens, lengths = step(target, queue)
   np.testing.assert_array_equal(np.asarray(lengths), news)
   np.testing.assert_array_equal(np.asarray(tokens)[:, :max(news)], np.asarray(out.tokens))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 3)], ids=["t1", "t0.7-top3"])
+def test_capped_rows_keep_the_distribution(temperature, top_k):
+  """Rows whose rounds judge only their first caps[b] of K = 2 drafts (0: opted out of
+  speculation) still sample the target's exact whole-sequence distribution."""
+  from test_distribution import NEW, PROMPT, ROWS, V as SMALL, exact_distribution, \
+      sequence_counts
+  from reference import assert_counts_match
+  config = tiny_config(vocab_size=SMALL, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
+  target, draft = jspec.models.init(config, seed=21), jspec.models.init(config, seed=22)
+  exact = exact_distribution(target, temperature, top_k)
+  B = ROWS
+  tokens = jnp.asarray([PROMPT] * B, jnp.int32)
+  params = jspec.SamplingParams(temperature=jnp.full((B,), temperature, jnp.float32),
+                                top_k=jnp.full((B,), top_k, jnp.int32),
+                                top_p=jnp.ones((B,), jnp.float32))
+  caps = jnp.arange(B, dtype=jnp.int32) % 3
+  config = decode.DecodeConfig(num_draft_tokens=2, cache_length=16)
+
+  @jax.jit
+  def run(target, draft):
+    drafter = jspec.DraftModel(draft)
+    state = decode.init_state(target, drafter, tokens, jnp.full((B,), len(PROMPT)),
+                              jnp.full((B,), NEW), params, jnp.asarray([-1], jnp.int32),
+                              jnp.arange(B) + 99, config, caps=caps)
+    state = decode.decode_loop(target, drafter, state, config)
+    return decode.output_tokens(state)[0][:, :NEW], state.stats
+
+  out, stats = run(target, draft)
+  judged = np.asarray(stats.position_judged)
+  assert np.all(judged[::3] == 0) and np.all(judged[1::3, 1] == 0)  # caps 0 and 1 held
+  assert np.asarray(stats.accepted)[2::3].sum() > 0
+  for cap in range(3):  # each group of rows on its own
+    rows = np.asarray(out)[cap::3]
+    codes = (rows[:, 0] * SMALL + rows[:, 1]) * SMALL + rows[:, 2]
+    assert_counts_match(np.bincount(codes, minlength=SMALL ** NEW), exact, f"cap {cap}")
+  assert_counts_match(sequence_counts(out), exact, "all rows")

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from jspec.core import sampling
 
 
-def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax.Array):
+def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax.Array,
+                 caps: jax.Array | None = None):
   """Vectorised rejection sampling over a batch of draft chains.
 
   Args:
@@ -33,6 +34,9 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
       for the same keys: the uniforms are the same and so is the residual.
     drafts: [B, K] int32 draft tokens d_1..d_K.
     keys: [B] typed PRNG keys, one per row for this round.
+    caps: optional [B] int32: row b judges only its first caps[b] drafts; those past it
+      count as not proposed (a request that opted out of speculation, or capped K): the
+      token at caps[b] is drawn from p itself there, as at position K (q := 0).
 
   Returns:
     n: [B] int32 accepted drafts.
@@ -51,7 +55,11 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
   else:
     q_d = jnp.take_along_axis(q, drafts[:, :, None], axis=-1)[..., 0]  # [B, K]
     accepted = u * q_d < p_d
+  if caps is not None:
+    accepted = accepted & (jnp.arange(K)[None, :] < caps[:, None])
   n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  # A row stopped by its cap (n == caps) has no draft at n: its residual is p_n itself.
+  capped = None if caps is None else n == caps
 
   # Residual at the stop position; q_K := 0 makes position K the plain bonus p_K.
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]  # [B, V]
@@ -60,11 +68,15 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
     d_padded = jnp.concatenate([drafts.astype(jnp.int32), jnp.full((B, 1), -1, jnp.int32)],
                                axis=1)  # [B, K+1]
     d_n = jnp.take_along_axis(d_padded, n[:, None], axis=1)  # [B, 1]
+    if capped is not None:
+      d_n = jnp.where(capped[:, None], -1, d_n)
     ids = jnp.arange(V, dtype=jnp.int32)[None, :]  # [1, V]
     residual = jnp.where(ids == d_n, 0.0, p_n)
   else:
     q_padded = jnp.concatenate([q, jnp.zeros((B, 1, V), q.dtype)], axis=1)  # [B, K+1, V]
     q_n = jnp.take_along_axis(q_padded, n[:, None, None], axis=1)[:, 0]  # [B, V]
+    if capped is not None:
+      q_n = jnp.where(capped[:, None], 0.0, q_n)
     residual = jnp.maximum(p_n - q_n, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   # p == q (up to rounding) leaves no residual mass: then p itself is the answer.
@@ -73,17 +85,20 @@ def accept_chain(p: jax.Array, q: jax.Array | None, drafts: jax.Array, keys: jax
   return n, next_token
 
 
-def accept_greedy(logits: jax.Array, drafts: jax.Array):
+def accept_greedy(logits: jax.Array, drafts: jax.Array, caps: jax.Array | None = None):
   """The chain rule for statically all-greedy rows, from logits: no probabilities,
   no random numbers.
 
   logits [B, K+1, V], drafts [B, K] int32 -> n [B] int32 (leading drafts equal to
   the target's argmax), next_token [B] int32 (the argmax at position n). This is
-  what `accept_chain` draws with one-hot p at the argmax, for any q.
+  what `accept_chain` draws with one-hot p at the argmax, for any q. caps: optional [B]
+  int32, the drafts each row judges (`accept_chain`).
   """
   K = drafts.shape[1]
   target_tokens = sampling.greedy_tokens(logits)  # [B, K+1]
   matches = (drafts == target_tokens[:, :K]).astype(jnp.int32)  # [B, K]
   n = jnp.sum(jnp.cumprod(matches, axis=1), axis=1).astype(jnp.int32)
+  if caps is not None:
+    n = jnp.minimum(n, caps).astype(jnp.int32)
   next_token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
   return n, next_token

@@ -137,11 +137,15 @@ class DecodeState:
   # `DecodeConfig.record`: the recorded layers' outputs at each slot, filled for slots
   # 0..L-2 (the prefill's, then one per plain round); None when off.
   recorded: jax.Array | None = None  # [B, S, len(record) * D]
+  # Per-row cap on the drafts a chain round judges (a request that opted out of
+  # speculation: 0); drafts past it count as not proposed. None: every row judges K.
+  caps: jax.Array | None = None  # [B] int32
 
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
                params: sampling.SamplingParams | None, eos_ids, seeds, config: DecodeConfig,
-               constraint: constrained.ConstraintRows | None = None) -> DecodeState:
+               constraint: constrained.ConstraintRows | None = None,
+               caps=None) -> DecodeState:
   """Prefill target and drafter and build the initial state.
 
   tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
@@ -149,8 +153,11 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   statically all-greedy program; seeds [B] int32 (row b's random stream depends
   on seeds[b] only); eos_ids [E] int32; constraint: the batch's automaton with each
   row's initial state (`constrained.for_batch`), or None. The prompt itself is not
-  checked against the constraint: it constrains the new tokens only.
+  checked against the constraint: it constrains the new tokens only. caps: optional
+  [B] int32, the most drafts each row's chain rounds judge (`DecodeState.caps`).
   """
+  if caps is not None and config.tree is not None:
+    raise ValueError("per-row caps on K are for chains: a tree's shape is the batch's")
   B, P = tokens.shape
   S = config.cache_length
   K = config.num_draft_tokens
@@ -219,6 +226,7 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
       constraint=constraint,
       seen=penalties_lib.init(params, tokens, prompt_lengths, target.vocab_size),
       recorded=recorded,
+      caps=None if caps is None else jnp.asarray(caps, jnp.int32),
   )
 
 
@@ -288,6 +296,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
         lambda buf, s, h: buf.at[s].set(h, mode="drop"))(
             state.recorded, slot, hidden[:, 0].astype(state.recorded.dtype)))
   drafts = K if config.tree is None else config.tree.num_nodes - 1
+  if state.caps is not None:  # a capped row judged only its first caps drafts
+    drafts = jnp.minimum(state.caps, drafts)
   state, count = _commit(state, n, emitted, K, records)
   token = jnp.take_along_axis(emitted, n[:, None], axis=1)[:, 0]
   return state, RoundResult(proposed=jnp.where(active, drafts, 0).astype(jnp.int32),
@@ -318,12 +328,12 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
   with jax.named_scope("acceptance"):
     if state.params is None:  # static: all rows greedy
       # One-hot p accepts exactly while d_i is the argmax, whatever q is: q is unused.
-      n, next_token = acceptance.accept_greedy(logits, drafts)
+      n, next_token = acceptance.accept_greedy(logits, drafts, state.caps)
       p = None
     else:
       chain = np.tril(np.ones((K + 1, K + 1), bool))  # position i sees the drafts up to d_i
       p = sampling.probabilities(_penalized(logits, state, block, chain), state.params)
-      n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys)
+      n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys, state.caps)
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
   drafter_state = _observe_logits(drafter, drafter_state, state, block, raw_logits,
                                   j <= n[:, None])
@@ -457,7 +467,8 @@ def _commit(state: DecodeState, n, emitted, K: int, records=None):
     hit_eos = jnp.any(is_eos & (j < count[:, None]), axis=1)
     done = state.done | hit_eos | (new_L >= state.max_lengths)
 
-  stats = stats_lib.after_round(state.stats, active, n, count, K)
+  judged_k = K if state.caps is None else jnp.minimum(state.caps, K)[:, None]
+  stats = stats_lib.after_round(state.stats, active, n, count, judged_k)
   rows = state.constraint
   if rows is not None:
     rows = constrained.after_commit(rows, emitted, count)

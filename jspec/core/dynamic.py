@@ -65,7 +65,7 @@ class AutoState:
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
                seeds, costs, config: decode.DecodeConfig, auto: AutoK,
-               constraint=None, catch_up=0.0) -> AutoState:
+               constraint=None, catch_up=0.0, caps=None) -> AutoState:
   """`decode.init_state` for a dynamic loop (config K = the largest choice).
 
   A drafter that can `sync` is not prefilled here: its state is made from the
@@ -78,14 +78,14 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   target, drafter = decode.prepared(target, drafter)
   if lazy:
     state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config, constraint)
+                              eos_ids, seeds, config, constraint, caps)
     B = tokens.shape[0]
     drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
     state = dataclasses.replace(state, drafter_state=drafter_state)
     synced = jnp.zeros((B,), jnp.int32)
   else:  # as a fixed-K call at the largest K (feature drafters get F = max K + 1 entries)
     state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config, constraint)
+                              eos_ids, seeds, config, constraint, caps)
     synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)
@@ -151,6 +151,8 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # Evidence comes from proposed drafts only: a round kept at a K above what a lookup
   # drafter had (`stays`) judges its placeholders too, and they say nothing about it.
   real = jnp.minimum(sched.counts, k)  # [B]
+  if s.caps is not None:  # a capped row (opted out of speculation: 0) judges no more
+    real = jnp.minimum(real, s.caps)
   new, did = decode.decode_round(target, drafter, s,
                                  dataclasses.replace(config, num_draft_tokens=k))
   lookup = proposal_counts(drafter, new, auto.max_k)  # for the next round's choice

@@ -57,6 +57,7 @@ class Queue:
   seeds: jax.Array  # [N] int32
   params: sampling.SamplingParams | None  # [N] rows; None: every request greedy (static)
   constraint: constrained.ConstraintRows | None = None  # shared table, state [N]
+  caps: jax.Array | None = None  # [N] int32 drafts each request's rounds judge; None: all K
 
   @property
   def size(self) -> int:
@@ -72,7 +73,7 @@ def request(queue: Queue, i) -> Queue:
     rows = dataclasses.replace(rows, state=take(rows.state))
   return Queue(tokens=take(queue.tokens), prompt_lengths=take(queue.prompt_lengths),
                max_new=take(queue.max_new), seeds=take(queue.seeds), params=params,
-               constraint=rows)
+               constraint=rows, caps=None if queue.caps is None else take(queue.caps))
 
 
 def repeated(one: Queue, B: int) -> Queue:
@@ -83,7 +84,8 @@ def repeated(one: Queue, B: int) -> Queue:
   if rows is not None:
     rows = dataclasses.replace(rows, state=rep(rows.state))
   return Queue(tokens=rep(one.tokens), prompt_lengths=rep(one.prompt_lengths),
-               max_new=rep(one.max_new), seeds=rep(one.seeds), params=params, constraint=rows)
+               max_new=rep(one.max_new), seeds=rep(one.seeds), params=params, constraint=rows,
+               caps=None if one.caps is None else rep(one.caps))
 
 
 def row_state(target, drafter, one: Queue, eos_ids, config: decode.DecodeConfig):
@@ -92,7 +94,8 @@ def row_state(target, drafter, one: Queue, eos_ids, config: decode.DecodeConfig)
   P = one.tokens.shape[1]
   row_config = dataclasses.replace(config, cache_length=P, layout=None)
   return decode.init_state(target, drafter, one.tokens, one.prompt_lengths, one.max_new,
-                           one.params, eos_ids, one.seeds, row_config, one.constraint)
+                           one.params, eos_ids, one.seeds, row_config, one.constraint,
+                           one.caps)
 
 
 def stand_ins(one: Queue, B: int) -> Queue:
@@ -109,7 +112,7 @@ def empty_state(target, drafter, one: Queue, B: int, eos_ids, config: decode.Dec
   one: any request (a queue of one), for the shapes of the per-row settings."""
   rows = stand_ins(one, B)
   return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
-                           rows.params, eos_ids, rows.seeds, config, rows.constraint)
+                           rows.params, eos_ids, rows.seeds, config, rows.constraint, rows.caps)
 
 
 def row_axes(target, drafter, queue: Queue, eos_ids, config: decode.DecodeConfig):

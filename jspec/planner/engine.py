@@ -185,10 +185,11 @@ def _made(target, drafter, rows: slots_lib.Queue, eos_ids, costs, catch_up, conf
   """The state of `rows` (prefilled), fixed-K or "auto"."""
   if auto is None:
     return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
-                             rows.params, eos_ids, rows.seeds, config, rows.constraint)
+                             rows.params, eos_ids, rows.seeds, config, rows.constraint,
+                             rows.caps)
   return dynamic.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
                             rows.params, eos_ids, rows.seeds, costs, config, auto,
-                            rows.constraint, catch_up)
+                            rows.constraint, catch_up, rows.caps)
 
 
 def _empty(target, drafter, one, eos_ids, costs, catch_up, config, auto, B):
@@ -326,6 +327,7 @@ class Engine:
       raise ValueError(f"cache_length {cache_length} leaves no room past a verify block of "
                        f"{self._block} slots")
     self._penalties, self._bias = bool(penalties), bool(logit_bias)
+    self._capped = K > 0 and tree_ is None  # per-request caps on K (chains)
     self._eos_id = eos_id
     self._target = target.decoding_form()
     self._drafter = plan.decoding_form(d)
@@ -368,7 +370,8 @@ class Engine:
 
   # ------------------------------------------------------------------ requests
 
-  def _one(self, prompt, max_new_tokens, settings: dict, seed) -> tuple[slots_lib.Queue, int]:
+  def _one(self, prompt, max_new_tokens, settings: dict, seed,
+           cap: int | None = None) -> tuple[slots_lib.Queue, int]:
     """A request checked (clear errors before any tracing) and placed as a queue of one."""
     if not isinstance(prompt, (list, tuple, np.ndarray)) or len(prompt) == 0:
       raise ValueError("prompt must be a non-empty list of token ids")
@@ -383,18 +386,25 @@ class Engine:
                              cache_length=self.cache_length, block=self._block, **settings)
     view = _Always(request, self._penalties, self._bias, self._target.vocab_size)
     _, _, rows = placement.place(self._target, None, view, None, None)
+    caps = None
+    if self._capped:  # chains: every request carries its cap (K when it sets none)
+      caps = jnp.asarray([self.num_draft_tokens if cap is None else cap], jnp.int32)
     queue = slots_lib.Queue(tokens=rows.tokens, prompt_lengths=rows.lengths,
-                            max_new=rows.max_new, seeds=rows.seeds, params=rows.params)
+                            max_new=rows.max_new, seeds=rows.seeds, params=rows.params,
+                            caps=caps)
     return queue, int(request.max_new[0])
 
   def submit(self, prompt, *, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0,
              min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-             logit_bias=None, seed: int | None = None, stop_ids=()) -> Handle:
+             logit_bias=None, seed: int | None = None, stop_ids=(), speculate: bool = True,
+             max_draft_tokens: int | None = None) -> Handle:
     """Queue one request; returns its `Handle`. Safe from any thread.
 
     Settings as in `jspec.generate`, for this request alone; stop_ids: token ids that
     end this request (kept in its output) besides the engine's EOS ids. seed None: a
-    fresh seed per request. Raises ValueError / TypeError for bad input, `QueueFull`
+    fresh seed per request. speculate=False: this request's drafts are never judged (it
+    decodes one token per round, exactly as plain decoding, beside drafting rows);
+    max_draft_tokens: at most this many of each round's drafts are judged (chains only). Raises ValueError / TypeError for bad input, `QueueFull`
     when `max_queue` requests already wait, `EngineClosed` after `close`."""
     rid = next(self._ids)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -403,8 +413,18 @@ class Engine:
     stops = frozenset(int(i) for i in np.asarray(stop_ids, np.int64).reshape(-1))
     if any(not 0 <= i < self._target.vocab_size for i in stops):
       raise ValueError(f"stop_ids must be ids in [0, {self._target.vocab_size})")
+    if not self._capped and self.num_draft_tokens and (not speculate
+                                                        or max_draft_tokens is not None):
+      raise ValueError("speculate=False / max_draft_tokens are per-request caps on a chain's "
+                       "K; this engine verifies a tree")
+    cap = self.num_draft_tokens if speculate else 0
+    if max_draft_tokens is not None:
+      if isinstance(max_draft_tokens, bool) or not isinstance(
+          max_draft_tokens, (int, np.integer)) or max_draft_tokens < 0:
+        raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens!r}")
+      cap = min(cap, int(max_draft_tokens))
     queue, max_new = self._one(prompt, max_new_tokens, settings,
-                               inputs.mix(rid, 0x5EED) if seed is None else seed)
+                               inputs.mix(rid, 0x5EED) if seed is None else seed, cap)
     handle = Handle(self, rid, len(prompt), max_new, stops)
     with self._lock:
       if self._closing:
@@ -515,19 +535,36 @@ class Engine:
     return next((b for b in self.buckets if b >= n), self.buckets[-1])
 
   def warmup(self, prompt_buckets=None):
-    """Compile now what the first requests would compile: the run, insert and resize
-    programs of every batch bucket and the row program of each prompt bucket (default:
-    every bucket up to the cache)."""
+    """Compile now what requests would compile as they come: for every batch bucket the
+    run, resize and insert programs, and the row program of each prompt bucket
+    (default: every bucket up to the cache). Call it before submitting anything."""
     P, prompts = inputs.PROMPT_BUCKET_MIN, []
     while P < self.cache_length - self._block:
       prompts.append(P)
       P *= 2
-    for P in prompt_buckets or prompts:
-      self.submit([0] * min(P, self.cache_length - self._block - 1),
-                  max_new_tokens=1).result()
-    for B in self.buckets[1:]:  # B requests at once grow the state to bucket B
-      for h in [self.submit([0], max_new_tokens=2) for _ in range(B)]:
-        h.result()
+    prompts = list(prompt_buckets or prompts)
+    with self._lock:  # the worker waits on this lock while nothing is queued
+      if self._pending or self.active:
+        raise RuntimeError("warmup() before submitting requests")
+      rows = [_row_program(self._target, self._drafter, self._one([0] * min(
+          P, self.cache_length - self._block - 1), 1, dict(
+              temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+              presence_penalty=0.0, frequency_penalty=0.0,
+              logit_bias=({} if self._bias else None)), 0)[0], *self._statics(1)[1:],
+          config=self._config, auto=self._auto) for P in prompts]
+      for B in self.buckets:
+        self._resize(B)
+        one, eos, costs, catch_up = self._statics(B)
+        for row in rows:
+          self._state = _put_program(self._target, self._drafter, self._state, row,
+                                     np.int32(0), one, eos, costs, catch_up,
+                                     config=self._config, auto=self._auto)
+        stop = np.ones(B, bool)  # the row put in ends at once: nothing decodes
+        self._state, _ = _run_program(self._target, self._drafter, self._state, stop,
+                                      np.int32(self.rounds), costs, catch_up,
+                                      config=self._config, auto=self._auto)
+      for B in reversed(self.buckets[:-1]):  # the moves down, as the load falls
+        self._resize(B)
 
   def _work(self):
     try:
