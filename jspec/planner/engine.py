@@ -461,10 +461,12 @@ class Engine:
 
   @property
   def queued(self) -> int:
+    """Requests waiting for a slot."""
     return len(self._pending)
 
   @property
   def active(self) -> int:
+    """Requests in a slot now (decoding, or ended and about to be handed back)."""
     return sum(p is not None for p in self._owner)
 
   # ------------------------------------------------------------------ worker
