@@ -224,3 +224,21 @@ def test_a_narrower_tokenizer_pads_the_model_vocabulary(target):
                        temperature=1.0, constraint=narrow, eos_id=())
   assert np.all(np.asarray(out.tokens) < 40)
   assert re.fullmatch("[a-c]+", text_of(np.asarray(out.tokens[0])))
+
+
+def test_constraints_per_request_through_slots(target, close_draft, regex):
+  """generate_many with a constraint on some requests: each request's tokens equal the
+  lone constrained (or free) run, and the constraint state of a slot's previous request
+  does not carry over (requests alternate constrained and free through 2 slots)."""
+  prompts = ragged_prompts(5, target.vocab_size, seed=8, min_len=2, max_len=9)
+  per_row = [regex, None, regex, regex, None]
+  out = jspec.generate_many(target, close_draft, prompts, slots=2, max_new_tokens=10,
+                            num_draft_tokens=3, eos_id=[EOS], constraint=per_row)
+  for i, (prompt, c) in enumerate(zip(prompts, per_row)):
+    alone = jspec.generate(target, [prompt], max_new_tokens=10, eos_id=[EOS],
+                           constraint=None if c is None else [c])
+    n = int(alone.lengths[0])
+    assert int(out.lengths[i]) == n
+    np.testing.assert_array_equal(np.asarray(out.tokens[i, :n]), np.asarray(alone.tokens[0, :n]))
+    if c is not None:
+      assert re.fullmatch(PATTERN, text_of(np.asarray(out.tokens[i])))
