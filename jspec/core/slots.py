@@ -34,13 +34,12 @@ from their own seed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jspec.core import constrained, decode, logprobs as logprobs_lib, sampling
+from jspec.core import constrained, decode, dynamic, logprobs as logprobs_lib, sampling
 from jspec.core import stats as stats_lib
 
 SHARED = -1  # `row_axes` entry of a leaf the rows share
@@ -88,14 +87,25 @@ def repeated(one: Queue, B: int) -> Queue:
                caps=None if one.caps is None else rep(one.caps))
 
 
-def row_state(target, drafter, one: Queue, eos_ids, config: decode.DecodeConfig):
-  """The decode state of one request alone: prefilled, at its prompt's width (a cache
-  of P slots; `insert` writes it over a slot of the batch)."""
-  P = one.tokens.shape[1]
-  row_config = dataclasses.replace(config, cache_length=P, layout=None)
-  return decode.init_state(target, drafter, one.tokens, one.prompt_lengths, one.max_new,
-                           one.params, eos_ids, one.seeds, row_config, one.constraint,
-                           one.caps)
+def state_of(target, drafter, rows: Queue, eos_ids, config: decode.DecodeConfig, auto=None,
+             costs=None, catch_up=0.0):
+  """The decode state of `rows`, prefilled: a `decode.DecodeState`, or with `auto` (an
+  `AutoK`; costs [C], catch_up [] its round costs) a `dynamic.AutoState`."""
+  if auto is None:
+    return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
+                             rows.params, eos_ids, rows.seeds, config, rows.constraint,
+                             rows.caps)
+  return dynamic.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
+                            rows.params, eos_ids, rows.seeds, costs, config, auto,
+                            rows.constraint, catch_up, rows.caps)
+
+
+def row_state(target, drafter, one: Queue, eos_ids, config: decode.DecodeConfig, auto=None,
+              costs=None, catch_up=0.0):
+  """The state of one request alone: prefilled, at its prompt's width (a cache of P
+  slots; `insert` writes it over a slot of the batch). auto, costs, catch_up: `state_of`."""
+  row_config = dataclasses.replace(config, cache_length=one.tokens.shape[1], layout=None)
+  return state_of(target, drafter, one, eos_ids, row_config, auto, costs, catch_up)
 
 
 def stand_ins(one: Queue, B: int) -> Queue:
@@ -107,12 +117,12 @@ def stand_ins(one: Queue, B: int) -> Queue:
   return repeated(stand_in, B)
 
 
-def empty_state(target, drafter, one: Queue, B: int, eos_ids, config: decode.DecodeConfig):
+def empty_state(target, drafter, one: Queue, B: int, eos_ids, config: decode.DecodeConfig,
+                auto=None, costs=None, catch_up=0.0):
   """B free slots: every row done, holding a one-token stand-in prompt (no prefill).
-  one: any request (a queue of one), for the shapes of the per-row settings."""
-  rows = stand_ins(one, B)
-  return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
-                           rows.params, eos_ids, rows.seeds, config, rows.constraint, rows.caps)
+  one: any request (a queue of one), for the shapes of the per-row settings; auto,
+  costs, catch_up: `state_of`."""
+  return state_of(target, drafter, stand_ins(one, B), eos_ids, config, auto, costs, catch_up)
 
 
 def row_axes(target, drafter, queue: Queue, eos_ids, config: decode.DecodeConfig):

@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -181,20 +180,8 @@ def _with_decode(state, d: decode.DecodeState):
   return dataclasses.replace(state, decode=d) if isinstance(state, dynamic.AutoState) else d
 
 
-def _made(target, drafter, rows: slots_lib.Queue, eos_ids, costs, catch_up, config, auto):
-  """The state of `rows` (prefilled), fixed-K or "auto"."""
-  if auto is None:
-    return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
-                             rows.params, eos_ids, rows.seeds, config, rows.constraint,
-                             rows.caps)
-  return dynamic.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
-                            rows.params, eos_ids, rows.seeds, costs, config, auto,
-                            rows.constraint, catch_up, rows.caps)
-
-
 def _empty(target, drafter, one, eos_ids, costs, catch_up, config, auto, B):
-  return _made(target, drafter, slots_lib.stand_ins(one, B), eos_ids, costs, catch_up, config,
-               auto)
+  return slots_lib.empty_state(target, drafter, one, B, eos_ids, config, auto, costs, catch_up)
 
 
 def _axes(target, drafter, one, eos_ids, costs, catch_up, config, auto):
@@ -213,8 +200,7 @@ def _row_program(target, drafter, one, eos_ids, costs, catch_up, config, auto):
   """One request alone, prefilled, at its prompt's width (one program per prompt
   bucket, whatever the engine's batch)."""
   target, drafter = decode.prepared(target, drafter)
-  row_config = dataclasses.replace(config, cache_length=one.tokens.shape[1], layout=None)
-  return _made(target, drafter, one, eos_ids, costs, catch_up, row_config, auto)
+  return slots_lib.row_state(target, drafter, one, eos_ids, config, auto, costs, catch_up)
 
 
 @compilation.program(static_argnames=("config", "auto"), donate_argnums=(2,))
