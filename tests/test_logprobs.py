@@ -8,7 +8,7 @@ import pytest
 
 import jspec
 from jspec import Tree
-from reference import processed_probs
+from reference import penalized_logits, processed_probs
 
 from conftest import ragged_prompts, tiny_config
 
@@ -301,3 +301,52 @@ def test_suffix_memory_across_calls_records_what_plain_decoding_records(small_ta
       accepted.append(np.asarray(out.stats.accepted))
     # The memory was used: the greedy row drafts its own earlier answer the second time.
     assert accepted[1][0] > accepted[0][0] and accepted[1][1:].sum() > 0, accepted
+
+
+# Greedy rows, one setting each: a bias that forces id 9, then each penalty alone, strong
+# enough that the penalised argmax leaves the raw one.
+ADJUSTED = dict(logit_bias=[{9: 1000.0}, None, None, None],
+                repetition_penalty=[1.0, 4.0, 1.0, 1.0],
+                presence_penalty=[0.0, 0.0, 4.0, 0.0],
+                frequency_penalty=[0.0, 0.0, 0.0, 3.0])
+ADJUSTED_ROWS = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+@pytest.mark.parametrize("method", ["generate", "chain",
+                                    pytest.param("tree", marks=pytest.mark.slow)])
+def test_greedy_top_lists_follow_the_bias_and_penalties(target, close_draft, method):
+  """A greedy row under a logit bias or a penalty emits the argmax of its adjusted logits;
+  its top list ranks the same adjusted logits, so the first id is the token emitted (log p
+  0) and the rest follow the penalised logits of a full forward, not the raw ones."""
+  prompts = [[3, 1, 4, 1, 5, 9, 2], [2, 7, 1, 8, 2, 8], [1, 1, 2, 3, 5, 8], [6, 6, 6, 6]]
+  n = 3
+  kw = dict(max_new_tokens=10, return_logprobs=jspec.Logprobs(top=n), eos_id=(), **ADJUSTED)
+  if method == "generate":
+    out = jspec.generate(target, prompts, **kw)
+  else:
+    spec = (dict(num_draft_tokens=3) if method == "chain" else dict(tree=BINARY))
+    out = jspec.speculative_generate(target, close_draft, prompts, **spec, **kw)
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  top_ids, top_values = np.asarray(out.top_ids), np.asarray(out.top_logprobs)
+  assert np.all(tokens[0, :lengths[0]] == 9)  # the bias decides row 0
+  for b, name in enumerate(ADJUSTED_ROWS):
+    k = int(lengths[b])
+    np.testing.assert_array_equal(top_ids[b, :k, 0], tokens[b, :k], err_msg=f"{method} {name}")
+    np.testing.assert_array_equal(top_values[b, :k],
+                                  np.broadcast_to(np.where(np.arange(n) == 0, 0.0, -np.inf),
+                                                  (k, n)), err_msg=f"{method} {name}")
+    np.testing.assert_array_equal(np.asarray(out.logprobs)[b, :k], 0.0)
+    # The whole list, against a full forward's logits adjusted by the reference formulas.
+    context = prompts[b] + tokens[b, :k].tolist()
+    logits = np.asarray(target.logits(np.asarray([context], np.int32)))[0]
+    bias = np.zeros(target.vocab_size, np.float32)
+    for i, v in (ADJUSTED["logit_bias"][b] or {}).items():
+      bias[i] = v
+    for j in range(k):
+      adjusted = penalized_logits(
+          logits[len(prompts[b]) - 1 + j], np.asarray(prompts[b]), tokens[b, :j].tolist(),
+          ADJUSTED["repetition_penalty"][b], ADJUSTED["presence_penalty"][b],
+          ADJUSTED["frequency_penalty"][b], bias)
+      np.testing.assert_array_equal(top_ids[b, j],
+                                    np.argsort(-adjusted, kind="stable")[:n],
+                                    err_msg=f"{method} {name} position {j}")

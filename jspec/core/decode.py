@@ -308,7 +308,8 @@ def decode_round(target: Model, drafter, state: DecodeState,
 def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_keys):
   """Draft K, verify [t(L-1) d1 .. dK]: n [B], emitted [B, K+1] (d1..dn, next, ...),
   cache, drafter state, hidden [B, K+1, D], and (raw logits, logits, p) [B, K+1, V]
-  that predict `emitted` (raw: before the constraint mask; p None when all rows are
+  that predict `emitted` (raw: the model's own; logits: after the constraint mask, the
+  logit bias and the penalties, the ones p is computed from; p None when all rows are
   greedy)."""
   B = start.shape[0]
   drafter_state = state.drafter_state
@@ -332,7 +333,9 @@ def _chain(target, drafter, state, context, start, last, K, draft_keys, accept_k
       p = None
     else:
       chain = np.tril(np.ones((K + 1, K + 1), bool))  # position i sees the drafts up to d_i
-      p = sampling.probabilities(_penalized(logits, state, block, chain), state.params)
+      # The adjusted logits from here on: a greedy row's top list ranks these (logprobs).
+      logits = _penalized(logits, state, block, chain)
+      p = sampling.probabilities(logits, state.params)
       n, next_token = acceptance.accept_chain(p, q, drafts, accept_keys, state.caps)
   j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
   drafter_state = _observe_logits(drafter, drafter_state, state, block, raw_logits,
@@ -393,7 +396,8 @@ def _tree(target, drafter, state, context, start, last, topology: Tree, draft_ke
       p = None
     else:
       ancestors = tree_lib.row_arrays(shape, block.shape[0])[2]  # [B, N, N]
-      p = sampling.probabilities(_penalized(logits, state, block, ancestors), state.params)
+      logits = _penalized(logits, state, block, ancestors)  # as in _chain
+      p = sampling.probabilities(logits, state.params)
       node, next_token = tree_lib.accept_sampled(p, candidates, shape, accept_keys)
   path = tree_lib.path_nodes(node, shape)  # [B, D+1]
   _, depths, ancestors, _ = tree_lib.row_arrays(shape, node.shape[0])  # [B, N], [B, N, N]

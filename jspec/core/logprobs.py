@@ -17,7 +17,8 @@ token after the same prefix, up to float error. Two choices of p:
 
 Optionally the `top` most likely ids at each position and their log-probabilities
 under the same distribution. A greedy row's top ids are the ids of its largest
-logits (masked by the constraint, if any) in order, with log-probabilities 0 for
+logits (after the constraint's mask, the logit bias and the penalties: the logits
+its argmax is taken over) in order, with log-probabilities 0 for
 the first and -inf after: the same whether the batch is all greedy or mixed, so a
 row's records never depend on the rows beside it. Ties among a sampled row's
 equal probabilities come in an order of XLA's choosing.
@@ -91,7 +92,8 @@ def of_round(spec: Logprobs, logits: jax.Array, p: jax.Array | None, emitted: ja
 
   logits [B, W, V]: the verify logits that predict emitted[:, j] (for a tree, those
   of the accepted path's nodes): for `spec.raw` the model's own, before any
-  constraint mask, otherwise the masked ones p was computed from; p [B, W, V] the
+  constraint mask, otherwise the ones p was computed from (after the constraint mask,
+  the logit bias and the penalties); p [B, W, V] the
   processed distributions, or None for a statically all-greedy round (p is then
   the one-hot at the argmax); greedy [B] bool, the rows with temperature 0 when p
   is given; emitted [B, W] int32. Returns (chosen [B, W], top_ids [B, W, n] | None,
