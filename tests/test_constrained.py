@@ -242,3 +242,39 @@ def test_constraints_per_request_through_slots(target, close_draft, regex):
     np.testing.assert_array_equal(np.asarray(out.tokens[i, :n]), np.asarray(alone.tokens[0, :n]))
     if c is not None:
       assert re.fullmatch(PATTERN, text_of(np.asarray(out.tokens[i])))
+
+
+def test_constraints_per_request_through_the_engine(target, close_draft, regex, schema):
+  """Engine requests with a regex, a JSON schema or none, decoding side by side through 2
+  slots: each equals the lone run with its own constraint. The table holds the regex and
+  the schema but not a third automaton beside both in use; a constraint no request uses
+  gives its room up to a new one."""
+  Q = 1 + regex.num_states + schema.num_states
+  prompts = ragged_prompts(6, target.vocab_size, seed=9, min_len=2, max_len=9)
+  per_row = [regex, schema, None, schema, regex, None]
+  with jspec.Engine(target, close_draft, slots=2, num_draft_tokens=3, cache_length=64,
+                    eos_id=[EOS], constraints=Q) as engine:
+    handles = [engine.submit(p, max_new_tokens=12, constraint=c)
+               for p, c in zip(prompts, per_row)]
+    outs = [h.result(timeout=300) for h in handles]
+    third = jspec.Constraint.from_regex("[0-9]+", VOCAB, eos_ids=[EOS])
+    held = engine.submit(prompts[0], max_new_tokens=40, constraint=regex)
+    with pytest.raises(ValueError, match="does not fit"):
+      engine.submit(prompts[1], max_new_tokens=4, constraint=schema)  # fits: reused
+      engine.submit(prompts[1], max_new_tokens=4, constraint=third)
+    held.result(timeout=300)
+    engine.submit(prompts[1], max_new_tokens=4, constraint=schema).result(timeout=300)
+    # Neither regex nor schema is in use now: the third takes the room of the older.
+    late = engine.submit(prompts[2], max_new_tokens=8, constraint=third).result(timeout=300)
+    with pytest.raises(ValueError, match="without constraints"):
+      jspec.Engine(target, slots=1, cache_length=32, start=False).submit(
+          prompts[0], max_new_tokens=2, constraint=regex)
+  for prompt, c, out in zip(prompts, per_row, outs):
+    alone = jspec.generate(target, [prompt], max_new_tokens=12, eos_id=[EOS],
+                           constraint=None if c is None else [c])
+    n = int(alone.lengths[0])
+    assert out.tokens == [int(t) for t in np.asarray(alone.tokens[0, :n])]
+  assert re.fullmatch("[0-9]+", text_of(late.tokens))
+  alone = jspec.generate(target, [prompts[2]], max_new_tokens=8, eos_id=[EOS],
+                         constraint=[third])
+  assert late.tokens == [int(t) for t in np.asarray(alone.tokens[0, :int(alone.lengths[0])])]

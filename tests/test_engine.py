@@ -171,3 +171,34 @@ def test_a_request_can_opt_out_of_speculation(target, close_draft):
   with pytest.raises(ValueError, match="max_draft_tokens"):
     jspec.Engine(target, close_draft, num_draft_tokens=3, slots=1, cache_length=64,
                  start=False).submit(prompt, max_new_tokens=4, max_draft_tokens=-1)
+
+
+def test_logprobs_per_token(target, close_draft):
+  """Engine(logprobs=n): every token's log-probability under the model's own distribution
+  and its top n alternatives, equal to `speculative_generate`'s records of the lone run,
+  for greedy and sampled requests; a stop id cuts the records with the tokens."""
+  prompts = ragged_prompts(3, V, seed=11)
+  spec = jspec.Logprobs(raw=True, top=3)
+  with jspec.Engine(target, close_draft, slots=2, num_draft_tokens=3, cache_length=64,
+                    logprobs=3) as engine:
+    handles = [engine.submit(p, max_new_tokens=9, temperature=t, seed=5)
+               for p, t in zip(prompts, (0.0, 0.8, 0.0))]
+    outs = [h.result(timeout=300) for h in handles]
+    first = outs[0].tokens[2]
+    cut = engine.submit(prompts[0], max_new_tokens=9, stop_ids=[first]).result(timeout=300)
+  for h, out, p, t in zip(handles, outs, prompts, (0.0, 0.8, 0.0)):
+    alone = jspec.speculative_generate(target, close_draft, [p], num_draft_tokens=3,
+                                       max_new_tokens=9, temperature=t, seed=[5], eos_id=(),
+                                       return_logprobs=spec)
+    n = len(out.tokens)
+    assert out.tokens == [int(x) for x in np.asarray(alone.tokens[0, :n])]
+    np.testing.assert_allclose(out.logprobs, np.asarray(alone.logprobs[0, :n]),
+                               atol=1e-5)
+    np.testing.assert_array_equal([[i for i, _ in top] for top in out.top_logprobs],
+                                  np.asarray(alone.top_ids[0, :n]))
+    np.testing.assert_allclose([[v for _, v in top] for top in out.top_logprobs],
+                               np.asarray(alone.top_logprobs[0, :n]), atol=1e-5)
+    assert h.logprobs == out.logprobs and len(h.top_logprobs) == n
+  k = outs[0].tokens.index(first) + 1
+  assert cut.tokens == outs[0].tokens[:k] and cut.logprobs == outs[0].logprobs[:k]
+  assert len(cut.top_logprobs) == k

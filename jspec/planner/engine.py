@@ -32,10 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.core import compilation, decode, dynamic, schedule
+from jspec.core import compilation, constrained, decode, dynamic, schedule
+from jspec.core import logprobs as logprobs_lib
 from jspec.core import slots as slots_lib
+from jspec.core.constraint import Constraint
 from jspec.core.model import Model
 from jspec.planner import inputs, placement, plan
+from jspec.planner.constraint_pool import ConstraintPool
 
 
 SHRINK_AFTER = 4  # runs in a row with the load in a smaller bucket before moving to it
@@ -62,6 +65,10 @@ class RequestOutput:
   accepted: int  # drafts accepted and emitted
   position_judged: list[int]  # per draft position, rounds that judged it
   position_accepted: list[int]  # per draft position, rounds that accepted it
+  # With `Engine(logprobs=...)`: each token's log-probability and its top alternatives
+  # [(id, log p), ...] (`jspec.Logprobs`: the model's own distribution for an int).
+  logprobs: list[float] | None = None
+  top_logprobs: list[list[tuple[int, float]]] | None = None
 
   @property
   def time_to_first_token(self) -> float | None:
@@ -77,15 +84,20 @@ class Handle:
   """One submitted request: iterate it for tokens as they come, or wait for `result`."""
 
   def __init__(self, engine: "Engine", rid: int, prompt_length: int, max_new: int,
-               stop_ids: frozenset[int]):
+               stop_ids: frozenset[int], constraint: Constraint | None = None):
     self.id = rid
     self._engine = engine
     self._prompt_length = prompt_length
     self._max_new = max_new
     self._stop_ids = stop_ids
     self._submitted = time.perf_counter()
+    self._constraint = constraint
     self._tokens: list[int] = []
     self._times: list[float] = []
+    # With `Engine(logprobs=...)`, one entry per token, appended with it: a reader that
+    # saw token i finds its entries at i.
+    self.logprobs: list[float] = []
+    self.top_logprobs: list[list[tuple[int, float]]] = []
     self._cond = threading.Condition()
     self._output: RequestOutput | None = None
     self._error: BaseException | None = None
@@ -123,8 +135,9 @@ class Handle:
         return
 
   # Worker side.
-  def _push(self, tokens, now: float) -> bool:
-    """Append new tokens; True when a stop id ended the request (cut after it)."""
+  def _push(self, tokens, now: float, records=None) -> bool:
+    """Append new tokens (and their log-probability records: chosen [n], top ids and
+    values [n, m] or None); True when a stop id ended the request (cut after it)."""
     stopped = False
     kept = []
     for t in tokens:
@@ -133,6 +146,13 @@ class Handle:
         stopped = True
         break
     with self._cond:
+      if records is not None:
+        chosen, top_ids, top_values = records
+        n = len(kept)
+        self.logprobs.extend(float(x) for x in chosen[:n])
+        if top_ids is not None:
+          self.top_logprobs.extend([(int(i), float(v)) for i, v in zip(ids, values)]
+                                   for ids, values in zip(top_ids[:n], top_values[:n]))
       self._tokens.extend(kept)
       self._times.extend([now - self._submitted] * len(kept))
       self._cond.notify_all()
@@ -148,7 +168,11 @@ class Handle:
           submitted=self._submitted, token_times=list(self._times),
           target_calls=0 if stats is None else int(stats["target_calls"]),
           accepted=0 if stats is None else int(stats["accepted"]),
-          position_judged=judged, position_accepted=accepted_at)
+          position_judged=judged, position_accepted=accepted_at,
+          logprobs=list(self.logprobs) if self._engine.logprobs is not None else None,
+          top_logprobs=(list(self.top_logprobs)
+                        if self._engine.logprobs is not None and self._engine.logprobs.top
+                        else None))
       self._cond.notify_all()
 
   def _fail(self, error: BaseException):
@@ -161,6 +185,7 @@ class Handle:
 class _Pending:
   handle: Handle
   queue: slots_lib.Queue  # the request as a queue of one, placed
+  start: int = 0  # its initial state in the engine's constraint table (0: unconstrained)
   cancelled: bool = False
 
 
@@ -241,7 +266,7 @@ def _run_program(target, drafter, state, stop, rounds, costs, catch_up, config, 
                                 config, auto, limit=limit)
   d = _decode_of(state)
   rounds_by_k = state.schedule.rounds if auto is not None else None
-  seen = (d.tokens, d.lengths, d.done, d.stats, rounds_by_k)
+  seen = (d.tokens, d.lengths, d.done, d.stats, rounds_by_k, d.logprobs)
   return _with_decode(state, slots_lib.freed(d, d.done)), seen
 
 
@@ -273,12 +298,20 @@ class Engine:
     buckets: the batch sizes the engine may run at (each compiles its programs once).
     penalties, logit_bias: whether requests may set penalties / a logit bias (static:
       counting tokens costs every round something).
+    logprobs: None, or record every token's log-probability (`RequestOutput.logprobs`,
+      and `Handle.logprobs` as tokens stream): an int n records the model's own
+      distribution (its log_softmax, before sampling settings and constraints, as
+      OpenAI-compatible servers report) with the top n alternatives; a
+      `jspec.Logprobs` chooses as in `generate`.
+    constraints: 0, or the automaton states Q of a table that holds the constraints of
+      requests waiting or decoding (`submit(constraint=...)`; one table of fixed shape,
+      so new constraints never recompile; `jspec.planner.constraint_pool`).
   """
 
   def __init__(self, target: Model, drafter=None, *, slots: int = 32, cache_length: int = 1024,
                num_draft_tokens=None, tree=None, max_queue: int = 1024, rounds: int = 4,
                eos_id=None, penalties: bool = False, logit_bias: bool = False,
-               buckets=None, start: bool = True):
+               logprobs=None, constraints: int = 0, buckets=None, start: bool = True):
     if not isinstance(target, Model):
       raise TypeError(f"target must be a jspec.Model, got {type(target).__name__}")
     for name, value, low in (("slots", slots, 1), ("cache_length", cache_length, 2),
@@ -313,12 +346,21 @@ class Engine:
       raise ValueError(f"cache_length {cache_length} leaves no room past a verify block of "
                        f"{self._block} slots")
     self._penalties, self._bias = bool(penalties), bool(logit_bias)
+    if logprobs is None or isinstance(logprobs, logprobs_lib.Logprobs):
+      self.logprobs = logprobs
+    elif isinstance(logprobs, bool) or not isinstance(logprobs, (int, np.integer)):
+      raise TypeError(f"logprobs must be None, an int (top alternatives) or a jspec.Logprobs, "
+                      f"got {logprobs!r}")
+    else:
+      self.logprobs = logprobs_lib.Logprobs(raw=True, top=int(logprobs))
+    self._pool = ConstraintPool(constraints, target.vocab_size) if constraints else None
+    self._state_table = None  # the pool's version the state's table holds
     self._capped = K > 0 and tree_ is None  # per-request caps on K (chains)
     self._eos_id = eos_id
     self._target = target.decoding_form()
     self._drafter = plan.decoding_form(d)
     self._config = decode.DecodeConfig(num_draft_tokens=K, cache_length=self.cache_length,
-                                       tree=tree_, side=side)
+                                       tree=tree_, side=side, logprobs=self.logprobs)
     self._eos = jnp.asarray(inputs.eos_array(target.eos_ids if eos_id is None else eos_id,
                                              target.vocab_size))
     self._eos_set = frozenset(int(i) for i in np.asarray(self._eos) if i >= 0)
@@ -383,15 +425,18 @@ class Engine:
   def submit(self, prompt, *, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0,
              min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
              logit_bias=None, seed: int | None = None, stop_ids=(), speculate: bool = True,
-             max_draft_tokens: int | None = None) -> Handle:
+             max_draft_tokens: int | None = None,
+             constraint: Constraint | None = None) -> Handle:
     """Queue one request; returns its `Handle`. Safe from any thread.
 
     Settings as in `jspec.generate`, for this request alone; stop_ids: token ids that
     end this request (kept in its output) besides the engine's EOS ids. seed None: a
     fresh seed per request. speculate=False: this request's drafts are never judged (it
     decodes one token per round, exactly as plain decoding, beside drafting rows);
-    max_draft_tokens: at most this many of each round's drafts are judged (chains only). Raises ValueError / TypeError for bad input, `QueueFull`
-    when `max_queue` requests already wait, `EngineClosed` after `close`."""
+    max_draft_tokens: at most this many of each round's drafts are judged (chains only);
+    constraint: a `jspec.Constraint` the new tokens follow (an engine built with
+    `constraints=Q`). Raises ValueError / TypeError for bad input, `QueueFull` when
+    `max_queue` requests already wait, `EngineClosed` after `close`."""
     rid = next(self._ids)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                     repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -409,9 +454,15 @@ class Engine:
           max_draft_tokens, (int, np.integer)) or max_draft_tokens < 0:
         raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens!r}")
       cap = min(cap, int(max_draft_tokens))
+    if constraint is not None:
+      if self._pool is None:
+        raise ValueError("this Engine was built without constraints=Q (automaton states)")
+      if not isinstance(constraint, Constraint):
+        raise TypeError(f"constraint must be a jspec.Constraint, got "
+                        f"{type(constraint).__name__}")
     queue, max_new = self._one(prompt, max_new_tokens, settings,
                                inputs.mix(rid, 0x5EED) if seed is None else seed, cap)
-    handle = Handle(self, rid, len(prompt), max_new, stops)
+    handle = Handle(self, rid, len(prompt), max_new, stops, constraint)
     with self._lock:
       if self._closing:
         raise EngineClosed("the engine is closed")
@@ -420,9 +471,17 @@ class Engine:
       if len(self._pending) >= self.max_queue:
         raise QueueFull(f"{len(self._pending)} requests already wait for a slot "
                         f"(max_queue={self.max_queue})")
-      self._pending.append(_Pending(handle, queue))
+      start = 0 if constraint is None else self._pool.acquire(constraint)
+      self._pending.append(_Pending(handle, queue, start))
       self._lock.notify_all()
     return handle
+
+  def _ended(self, handle: Handle, reason: str, stats=None):
+    """Finish `handle` and give its constraint back (the caller holds no lock)."""
+    if handle._constraint is not None:
+      with self._lock:
+        self._pool.release(handle._constraint)
+    handle._finish(reason, stats)
 
   def cancel(self, handle: Handle) -> bool:
     """End `handle`'s request now (waiting or decoding). False if it had already ended;
@@ -435,6 +494,8 @@ class Engine:
       for p in self._pending:
         if p.handle is handle:
           self._pending.remove(p)
+          if handle._constraint is not None:
+            self._pool.release(handle._constraint)
           handle._finish("cancelled")
           return True
       for b, p in enumerate(self._owner):
@@ -468,10 +529,36 @@ class Engine:
     self._thread.start()
 
   def _placeholder(self) -> slots_lib.Queue:
-    return self._one([0], 1, dict(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0,
-                                  repetition_penalty=1.0, presence_penalty=0.0,
-                                  frequency_penalty=0.0,
-                                  logit_bias=({} if self._bias else None)), 0)[0]
+    return self._with_table(self._one([0], 1, dict(
+        temperature=0.5, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+        presence_penalty=0.0, frequency_penalty=0.0,
+        logit_bias=({} if self._bias else None)), 0)[0])
+
+  def _with_table(self, queue: slots_lib.Queue, start: int = 0) -> slots_lib.Queue:
+    """`queue` (of one) starting at state `start` of the constraint table as it is now
+    (an engine with constraints; otherwise `queue` itself)."""
+    if self._pool is None:
+      return queue
+    with self._lock:
+      table = self._pool.device()
+    rows = constrained.ConstraintRows(table=table, state=jnp.asarray([start], jnp.int32))
+    return dataclasses.replace(queue, constraint=rows)
+
+  def _sync_table(self, force: bool = False):
+    """Give the state the constraint table as it is now, if it changed since (the rows
+    share it; same shape, nothing recompiles). The state's copy is its own: the programs
+    donate the state, and the pool's array (or a placeholder's) must outlive them."""
+    if self._pool is None:
+      return
+    with self._lock:
+      version, table = self._pool.version, self._pool.device()
+    if not force and version == self._state_table:
+      return
+    table = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), table)
+    d = _decode_of(self._state)
+    self._state = _with_decode(self._state, dataclasses.replace(
+        d, constraint=dataclasses.replace(d.constraint, table=table)))
+    self._state_table = version
 
   def _bucket_costs(self, B: int):
     """(costs [C], catch_up []) of "auto"'s two choices at batch B: the prior of
@@ -510,6 +597,7 @@ class Engine:
     if self._state is None:
       self._state = _empty_program(self._target, self._drafter, one, eos, costs, catch_up,
                                    config=self._config, auto=self._auto, slots=B)
+      self._sync_table(force=True)  # not `one`'s table, which the program may pass through
     else:
       index = np.asarray(live + [-1] * (B - len(live)), np.int32)
       self._state = _resize_program(self._target, self._drafter, self._state, index, one, eos,
@@ -534,11 +622,11 @@ class Engine:
     with self._lock:  # the worker waits on this lock while nothing is queued
       if self._pending or self.active:
         raise RuntimeError("warmup() before submitting requests")
-      rows = [_row_program(self._target, self._drafter, self._one([0] * min(
+      rows = [_row_program(self._target, self._drafter, self._with_table(self._one([0] * min(
           P, self.cache_length - self._block - 1), 1, dict(
               temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
               presence_penalty=0.0, frequency_penalty=0.0,
-              logit_bias=({} if self._bias else None)), 0)[0], *self._statics(1)[1:],
+              logit_bias=({} if self._bias else None)), 0)[0]), *self._statics(1)[1:],
           config=self._config, auto=self._auto) for P in prompts]
       for B in self.buckets:
         self._resize(B)
@@ -578,7 +666,7 @@ class Engine:
       self._pending.clear()
       self._owner = [None] * len(self._owner)
     for h in leftover:
-      h._finish("cancelled")
+      self._ended(h, "cancelled")
 
   def _admit(self):
     """Grow the batch to hold what waits (up to `slots`), then fill free rows from the
@@ -598,7 +686,9 @@ class Engine:
         self._seen[slot] = 0
         self._stop[slot] = False  # the insert replaces whatever the row was doing
       one, eos, costs, catch_up = self._statics(self.batch)
-      row = _row_program(self._target, self._drafter, pending.queue, eos, costs, catch_up,
+      queue = self._with_table(pending.queue, pending.start)
+      self._sync_table()  # the batch reads the table its new row was made with
+      row = _row_program(self._target, self._drafter, queue, eos, costs, catch_up,
                          config=self._config, auto=self._auto)
       self._state = _put_program(self._target, self._drafter, self._state, row, np.int32(slot),
                                  one, eos, costs, catch_up, config=self._config,
@@ -612,7 +702,7 @@ class Engine:
     self._state, seen = _run_program(self._target, self._drafter, self._state, stop,
                                      np.int32(self.rounds), costs, catch_up,
                                      config=self._config, auto=self._auto)
-    tokens, lengths, done, stats, rounds_by_k = jax.device_get(seen)
+    tokens, lengths, done, stats, rounds_by_k, records = jax.device_get(seen)
     now = time.perf_counter()
     self.runs += 1
     self.runs_by_batch[self.batch] = self.runs_by_batch.get(self.batch, 0) + 1
@@ -628,7 +718,11 @@ class Engine:
       P = handle._prompt_length
       start = P + int(self._seen[b])
       new = tokens[b, start:int(lengths[b])]
-      stopped = handle._push(new, now) if len(new) else False
+      got = None
+      if records is not None:
+        cut = lambda x: None if x is None else x[b, start:int(lengths[b])]
+        got = (cut(records.chosen), cut(records.top_ids), cut(records.top_values))
+      stopped = handle._push(new, now, got) if len(new) else False
       self._seen[b] += len(new)
       if pending.cancelled or stopped or done[b]:
         row = {f: np.asarray(getattr(stats, f))[b] for f in
@@ -641,7 +735,7 @@ class Engine:
         else:
           last = handle._tokens[-1] if handle._tokens else -1
           reason = "stop" if last in self._eos_set else "length"
-        handle._finish(reason, row)
+        self._ended(handle, reason, row)
         self.completed += 1
         self.generated_tokens += len(handle._tokens)
         self.target_calls += int(row["target_calls"])
