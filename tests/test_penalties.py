@@ -2,8 +2,10 @@
 NumPy, greedy speculative decoding equal to plain decoding, and whole-sequence
 distributions by enumeration (docs/architecture.md)."""
 
+import dataclasses
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -50,7 +52,7 @@ def test_penalized_logits_match_reference(shape):
       seen = penalties.after_commit(seen, jnp.asarray(emitted), jnp.asarray(count))
   block = rng.integers(0, V, size=(B, W)).astype(np.int32)
   logits = rng.normal(size=(B, W, V)).astype(np.float32) * 2
-  counts = penalties.block_counts(seen, jnp.asarray(block), jnp.asarray(ancestors))
+  counts = penalties.block_counts(jnp.asarray(block), jnp.asarray(ancestors))
   got = np.asarray(penalties.apply(jnp.asarray(logits), params, seen, counts))
   for b in range(B):
     for n in range(W):
@@ -61,6 +63,105 @@ def test_penalized_logits_match_reference(shape):
           float(params.frequency_penalty[b]), np.asarray(params.logit_bias[b]))
       np.testing.assert_allclose(got[b, n], want, rtol=1e-5, atol=1e-5,
                                  err_msg=f"row {b}, position {n}")
+
+
+def _dense_block_counts(seen, block, ancestors):
+  """The dense formula `block_counts` had before it went sparse: f32 [B, W, V]."""
+  B, W = block.shape
+  V = seen.counts.shape[-1]
+  counts = seen.counts[:, None, :].astype(jnp.float32)
+  ancestors = jnp.broadcast_to(ancestors, (B, W, W)).astype(jnp.float32)
+  drafts = jax.nn.one_hot(block[:, 1:], V, dtype=jnp.float32)  # [B, W-1, V]
+  return counts + jnp.einsum("bnm,bmv->bnv", ancestors[:, :, 1:], drafts)  # [B, W, V]
+
+
+def _dense_apply(logits, params, seen, counts):
+  """`apply` as it was, on dense counts [B, W, V]."""
+  if params.logit_bias is not None:
+    logits = logits + params.logit_bias[:, None, :].astype(logits.dtype)
+  in_output = counts > 0.0
+  if params.repetition_penalty is not None:
+    r = params.repetition_penalty[:, None, None]
+    repeated = seen.prompt[:, None, :] | in_output
+    logits = jnp.where(repeated, jnp.where(logits > 0.0, logits / r, logits * r), logits)
+  if params.frequency_penalty is not None:
+    logits = logits - params.frequency_penalty[:, None, None] * counts
+  if params.presence_penalty is not None:
+    logits = logits - jnp.where(in_output, params.presence_penalty[:, None, None], 0.0)
+  return logits
+
+
+def _recycling_ancestors():
+  from jspec.drafters.recycling import paper_tree
+  return paper_tree().ancestors
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree", "recycling", "per_row"])
+def test_sparse_counts_equal_the_dense_formula(shape):
+  """The sparse path counts give bit for bit the logits of the dense [B, W, V] count they
+  replaced, for each penalty alone and all together, with ids repeated along paths (V is
+  small) and committed counts and prompts besides."""
+  rng = np.random.default_rng(1)
+  B, V = 4, 12
+  if shape == "chain":
+    ancestors = np.tril(np.ones((6, 6), bool))
+  elif shape == "tree":
+    ancestors = BINARY.ancestors
+  elif shape == "recycling":
+    ancestors = _recycling_ancestors()  # 81 nodes, depth 6
+  else:  # a mask per row (dynamic trees): random lower-triangular, the diagonal set
+    ancestors = np.tril(rng.random((B, 9, 9)) < 0.5) | np.eye(9, dtype=bool)[None]
+  W = ancestors.shape[-2]
+  block = jnp.asarray(rng.integers(0, V, size=(B, W)), jnp.int32)
+  logits = jnp.asarray(rng.normal(size=(B, W, V)) * 2, jnp.float32)
+  seen = penalties.Seen(counts=jnp.asarray(rng.integers(0, 3, size=(B, V)), jnp.int32),
+                        prompt=jnp.asarray(rng.random((B, V)) < 0.3))
+  full = dataclasses.replace(
+      _params(B, V, rng), repetition_penalty=jnp.asarray([1.3, 0.7, 1.3, 2.0], jnp.float32),
+      presence_penalty=jnp.asarray([0.5, -0.2, 0.5, 1.0], jnp.float32),
+      frequency_penalty=jnp.asarray([0.4, 0.4, 0.1, 0.8], jnp.float32))
+  settings = {
+      "all": full,
+      "repetition": dataclasses.replace(full, presence_penalty=None, frequency_penalty=None,
+                                        logit_bias=None),
+      "presence": dataclasses.replace(full, repetition_penalty=None, frequency_penalty=None,
+                                      logit_bias=None),
+      "frequency": dataclasses.replace(full, repetition_penalty=None, presence_penalty=None,
+                                       logit_bias=None),
+  }
+  mask = jnp.asarray(ancestors)
+  sparse = jax.jit(lambda l, p, s, b: penalties.apply(l, p, s, penalties.block_counts(b, mask)))
+  dense = jax.jit(lambda l, p, s, b: _dense_apply(l, p, s, _dense_block_counts(s, b, mask)))
+  for name, params in settings.items():
+    got = np.asarray(sparse(logits, params, seen, block))
+    want = np.asarray(dense(logits, params, seen, block))
+    assert not np.array_equal(want, np.asarray(logits)), name  # the setting changed something
+    np.testing.assert_array_equal(got, want, err_msg=f"{shape} {name}")
+
+
+def test_wide_tree_penalties_form_no_vocabulary_sized_counts():
+  """At the 81-node recycling tree the penalties' program allocates, besides its
+  arguments and output, far less than one [B, W, V] f32 array: the drafts' counts are
+  kept at the path's ids ([B, W, W-1]), not as a one-hot or a count over the vocabulary
+  (which cost a [B, W, V] temporary or more; benchmarks/penalties_memory.py measures it at
+  B = 64, V = 49,152)."""
+  B, V = 2, 8192
+  ancestors = jnp.asarray(_recycling_ancestors())
+  W = ancestors.shape[0]
+  row = jax.ShapeDtypeStruct((B,), jnp.float32)
+  params = sampling.SamplingParams(
+      temperature=row, top_k=jax.ShapeDtypeStruct((B,), jnp.int32), top_p=row,
+      repetition_penalty=row, presence_penalty=row, frequency_penalty=row,
+      logit_bias=jax.ShapeDtypeStruct((B, V), jnp.float32))
+  seen = penalties.Seen(counts=jax.ShapeDtypeStruct((B, V), jnp.int32),
+                        prompt=jax.ShapeDtypeStruct((B, V), jnp.bool_))
+  compiled = jax.jit(
+      lambda l, p, s, b: penalties.apply(l, p, s, penalties.block_counts(b, ancestors))).lower(
+          jax.ShapeDtypeStruct((B, W, V), jnp.float32), params, seen,
+          jax.ShapeDtypeStruct((B, W), jnp.int32)).compile()
+  temporaries = compiled.memory_analysis().temp_size_in_bytes
+  one_array = B * W * V * 4
+  assert temporaries < one_array / 8, (temporaries, one_array)
 
 
 PENALTIES = dict(repetition_penalty=[1.3, 1.0, 2.0], presence_penalty=[0.5, 1.5, 0.0],

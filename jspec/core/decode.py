@@ -120,7 +120,7 @@ class DecodeState:
   drafter_state: Any  # the drafter's own state (None for baseline)
   keys: jax.Array  # [B] typed PRNG keys, one stream per row
   params: sampling.SamplingParams | None  # per-row temperature / top-k / top-p; None: all greedy
-  eos_ids: jax.Array  # [E] int32; -1 entries never match
+  eos_ids: jax.Array  # [E] int32, or [B, E] per row (an Engine's); -1 entries never match
   stats: DecodeStats
   # Target final hidden states for drafters that read them (`uses_features`: Medusa,
   # EAGLE); None otherwise. Entry j is h at slot feature_start[b] + j, valid for
@@ -151,9 +151,10 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
   max_new_tokens [B] >= 1; params: per-row `SamplingParams`, or None for a
   statically all-greedy program; seeds [B] int32 (row b's random stream depends
-  on seeds[b] only); eos_ids [E] int32; constraint: the batch's automaton with each
-  row's initial state (`constrained.for_batch`), or None. The prompt itself is not
-  checked against the constraint: it constrains the new tokens only. caps: optional
+  on seeds[b] only); eos_ids [E] int32 (or [B, E], each row its own); constraint: the
+  batch's automaton with each row's initial state (`constrained.for_batch`), or None.
+  The prompt itself is not checked against the constraint: it constrains the new tokens
+  only. caps: optional
   [B] int32, the most drafts each row's chain rounds judge (`DecodeState.caps`).
   """
   if caps is not None and config.tree is not None:
@@ -429,7 +430,7 @@ def _penalized(logits, state: DecodeState, block, ancestors):
   counting the drafts on its path (ancestors [W, W] or [B, W, W]) as output tokens."""
   if not penalties_lib.active(state.params):
     return logits
-  counts = None if state.seen is None else penalties_lib.block_counts(state.seen, block, ancestors)
+  counts = None if state.seen is None else penalties_lib.block_counts(block, ancestors)
   return penalties_lib.apply(logits, state.params, state.seen, counts)
 
 
@@ -454,7 +455,8 @@ def _commit(state: DecodeState, n, emitted, K: int, records=None):
   with jax.named_scope("commit"):
     j = jnp.arange(K + 1, dtype=jnp.int32)[None, :]  # [1, K+1]
     count = n + 1
-    is_eos = jnp.any(emitted[:, :, None] == state.eos_ids[None, None, :], axis=-1)
+    eos = state.eos_ids if state.eos_ids.ndim == 2 else state.eos_ids[None, :]  # [B|1, E]
+    is_eos = jnp.any(emitted[:, :, None] == eos[:, None, :], axis=-1)
     is_eos = is_eos & (j < count[:, None])
     first_eos = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), K + 1)
     count = jnp.minimum(count, first_eos + 1)
