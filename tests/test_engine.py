@@ -202,3 +202,19 @@ def test_logprobs_per_token(target, close_draft):
   k = outs[0].tokens.index(first) + 1
   assert cut.tokens == outs[0].tokens[:k] and cut.logprobs == outs[0].logprobs[:k]
   assert len(cut.top_logprobs) == k
+
+
+def test_ignore_eos_per_request(target):
+  """Two requests side by side on an engine whose EOS id the greedy answer emits: one ends
+  there (finish "stop"), the other, with ignore_eos, runs to max_new_tokens as a run
+  without EOS does."""
+  prompt = [3, 14, 15, 9, 2, 6]
+  free = jspec.generate(target, [prompt], max_new_tokens=16, eos_id=())
+  free = [int(t) for t in np.asarray(free.tokens[0])]
+  eos = free[3]
+  with jspec.Engine(target, slots=2, cache_length=48, eos_id=[eos]) as engine:
+    stopped = engine.submit(prompt, max_new_tokens=16)
+    ignoring = engine.submit(prompt, max_new_tokens=16, ignore_eos=True)
+    stopped, ignoring = stopped.result(timeout=300), ignoring.result(timeout=300)
+  assert stopped.tokens == free[:free.index(eos) + 1] and stopped.finish_reason == "stop"
+  assert ignoring.tokens == free and ignoring.finish_reason == "length"

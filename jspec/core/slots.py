@@ -57,6 +57,7 @@ class Queue:
   params: sampling.SamplingParams | None  # [N] rows; None: every request greedy (static)
   constraint: constrained.ConstraintRows | None = None  # shared table, state [N]
   caps: jax.Array | None = None  # [N] int32 drafts each request's rounds judge; None: all K
+  eos_ids: jax.Array | None = None  # [N, E] int32 each request's own (-1: none); None: the batch's
 
   @property
   def size(self) -> int:
@@ -72,7 +73,8 @@ def request(queue: Queue, i) -> Queue:
     rows = dataclasses.replace(rows, state=take(rows.state))
   return Queue(tokens=take(queue.tokens), prompt_lengths=take(queue.prompt_lengths),
                max_new=take(queue.max_new), seeds=take(queue.seeds), params=params,
-               constraint=rows, caps=None if queue.caps is None else take(queue.caps))
+               constraint=rows, caps=None if queue.caps is None else take(queue.caps),
+               eos_ids=None if queue.eos_ids is None else take(queue.eos_ids))
 
 
 def repeated(one: Queue, B: int) -> Queue:
@@ -84,13 +86,17 @@ def repeated(one: Queue, B: int) -> Queue:
     rows = dataclasses.replace(rows, state=rep(rows.state))
   return Queue(tokens=rep(one.tokens), prompt_lengths=rep(one.prompt_lengths),
                max_new=rep(one.max_new), seeds=rep(one.seeds), params=params, constraint=rows,
-               caps=None if one.caps is None else rep(one.caps))
+               caps=None if one.caps is None else rep(one.caps),
+               eos_ids=None if one.eos_ids is None else rep(one.eos_ids))
 
 
 def state_of(target, drafter, rows: Queue, eos_ids, config: decode.DecodeConfig, auto=None,
              costs=None, catch_up=0.0):
   """The decode state of `rows`, prefilled: a `decode.DecodeState`, or with `auto` (an
-  `AutoK`; costs [C], catch_up [] its round costs) a `dynamic.AutoState`."""
+  `AutoK`; costs [C], catch_up [] its round costs) a `dynamic.AutoState`. eos_ids [E]:
+  every row's, unless the rows carry their own."""
+  if rows.eos_ids is not None:
+    eos_ids = rows.eos_ids
   if auto is None:
     return decode.init_state(target, drafter, rows.tokens, rows.prompt_lengths, rows.max_new,
                              rows.params, eos_ids, rows.seeds, config, rows.constraint,

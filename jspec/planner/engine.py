@@ -84,7 +84,8 @@ class Handle:
   """One submitted request: iterate it for tokens as they come, or wait for `result`."""
 
   def __init__(self, engine: "Engine", rid: int, prompt_length: int, max_new: int,
-               stop_ids: frozenset[int], constraint: Constraint | None = None):
+               stop_ids: frozenset[int], constraint: Constraint | None = None,
+               ignore_eos: bool = False):
     self.id = rid
     self._engine = engine
     self._prompt_length = prompt_length
@@ -92,6 +93,7 @@ class Handle:
     self._stop_ids = stop_ids
     self._submitted = time.perf_counter()
     self._constraint = constraint
+    self._ignore_eos = ignore_eos
     self._tokens: list[int] = []
     self._times: list[float] = []
     # With `Engine(logprobs=...)`, one entry per token, appended with it: a reader that
@@ -399,7 +401,7 @@ class Engine:
   # ------------------------------------------------------------------ requests
 
   def _one(self, prompt, max_new_tokens, settings: dict, seed,
-           cap: int | None = None) -> tuple[slots_lib.Queue, int]:
+           cap: int | None = None, ignore_eos: bool = False) -> tuple[slots_lib.Queue, int]:
     """A request checked (clear errors before any tracing) and placed as a queue of one."""
     if not isinstance(prompt, (list, tuple, np.ndarray)) or len(prompt) == 0:
       raise ValueError("prompt must be a non-empty list of token ids")
@@ -417,16 +419,18 @@ class Engine:
     caps = None
     if self._capped:  # chains: every request carries its cap (K when it sets none)
       caps = jnp.asarray([self.num_draft_tokens if cap is None else cap], jnp.int32)
+    # Every request carries its EOS ids (none when it ignores EOS): rows of [1, E].
+    eos = jnp.full_like(self._eos, -1) if ignore_eos else self._eos
     queue = slots_lib.Queue(tokens=rows.tokens, prompt_lengths=rows.lengths,
                             max_new=rows.max_new, seeds=rows.seeds, params=rows.params,
-                            caps=caps)
+                            caps=caps, eos_ids=eos[None, :])
     return queue, int(request.max_new[0])
 
   def submit(self, prompt, *, max_new_tokens: int, temperature=0.0, top_k=0, top_p=1.0,
              min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
              logit_bias=None, seed: int | None = None, stop_ids=(), speculate: bool = True,
-             max_draft_tokens: int | None = None,
-             constraint: Constraint | None = None) -> Handle:
+             max_draft_tokens: int | None = None, constraint: Constraint | None = None,
+             ignore_eos: bool = False) -> Handle:
     """Queue one request; returns its `Handle`. Safe from any thread.
 
     Settings as in `jspec.generate`, for this request alone; stop_ids: token ids that
@@ -435,7 +439,8 @@ class Engine:
     decodes one token per round, exactly as plain decoding, beside drafting rows);
     max_draft_tokens: at most this many of each round's drafts are judged (chains only);
     constraint: a `jspec.Constraint` the new tokens follow (an engine built with
-    `constraints=Q`). Raises ValueError / TypeError for bad input, `QueueFull` when
+    `constraints=Q`); ignore_eos: the engine's EOS ids do not end this request (it runs
+    to max_new_tokens or a stop id; load generators use it for answers of a set length). Raises ValueError / TypeError for bad input, `QueueFull` when
     `max_queue` requests already wait, `EngineClosed` after `close`."""
     rid = next(self._ids)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -461,8 +466,9 @@ class Engine:
         raise TypeError(f"constraint must be a jspec.Constraint, got "
                         f"{type(constraint).__name__}")
     queue, max_new = self._one(prompt, max_new_tokens, settings,
-                               inputs.mix(rid, 0x5EED) if seed is None else seed, cap)
-    handle = Handle(self, rid, len(prompt), max_new, stops, constraint)
+                               inputs.mix(rid, 0x5EED) if seed is None else seed, cap,
+                               bool(ignore_eos))
+    handle = Handle(self, rid, len(prompt), max_new, stops, constraint, bool(ignore_eos))
     with self._lock:
       if self._closing:
         raise EngineClosed("the engine is closed")
@@ -734,7 +740,8 @@ class Engine:
           reason = "stop"
         else:
           last = handle._tokens[-1] if handle._tokens else -1
-          reason = "stop" if last in self._eos_set else "length"
+          reason = ("stop" if last in self._eos_set and not handle._ignore_eos
+                    else "length")
         self._ended(handle, reason, row)
         self.completed += 1
         self.generated_tokens += len(handle._tokens)
