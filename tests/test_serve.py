@@ -1,8 +1,8 @@
 """`jspec serve`: a real server process on 127.0.0.1, driven by the `openai` client and httpx.
 
 One server per module (the shipped code target, n-gram drafts at K = 3, 2 slots, a queue
-of 2, a small chat template given with --chat-template since the code model has none)
-answers every fast test; greedy answers are checked against `jspec.generate` on the same
+of 2, a small chat template given with --chat-template since the code model has none,
+logprobs with 2 alternatives, a constraint table of 2,048 states) answers every fast test; greedy answers are checked against `jspec.generate` on the same
 prompt ids. The slow lane adds SmolLM2's own chat template and 1,000 requests past
 saturation. Pure parts (the protocol's checks, stop strings) are tested without a server.
 """
@@ -141,7 +141,8 @@ def server(tmp_path_factory, request):
   # while this process computes the greedy references: the two compiles overlap.
   s = launch_server(tmp, "--drafter", "ngram", "--num-draft-tokens", "3", "--slots", "2",
                     "--buckets", "2", "--max-queue", "2", "--cache-length", "256", "--rounds",
-                    "2", "--chat-template", template, "--warmup", "16")
+                    "2", "--chat-template", template, "--warmup", "16", "--logprobs", "2",
+                    "--constraint-states", "2048")
   try:
     request.getfixturevalue("greedy")
     wait_healthy(s)
@@ -285,6 +286,14 @@ def test_stop_strings_cut_the_text_and_free_the_slot(server, model):
   assert streamed[-1].choices[0].finish_reason == "stop"
   server.idle()
   assert server.metric("jspec_choices_total", reason="stop") == before + 2
+  # A stop id ends the answer after it (in token_ids, not in the text).
+  ids = full.choices[0].token_ids
+  r = client.completions.create(model="code-target", prompt=PROMPTS[2], max_tokens=40,
+                                temperature=0, extra_body={"stop_token_ids": [ids[5]],
+                                                           "return_token_ids": True})
+  assert r.choices[0].token_ids == ids[:ids.index(ids[5]) + 1]
+  assert r.choices[0].text == model.tokenizer.decode(ids[:ids.index(ids[5])])
+  assert r.choices[0].finish_reason == "stop"
 
 
 def test_n_choices_and_their_seeds(server):
@@ -347,6 +356,65 @@ def test_models_health_and_metrics(server):
   assert server.metric("jspec_tokens_per_second") > 0
   assert server.metric("jspec_accepted_drafts_by_position_total", position="1") > 0
   assert server.metric("jspec_slots") == 2
+
+
+def test_logprobs_are_the_models_own(server, model):
+  """Completions' logprobs (int) and chat's (logprobs + top_logprobs): one entry per token,
+  each the target's log-softmax at that position (computed here in one forward pass), the
+  greedy token the most likely alternative; streamed logprobs equal the whole answer's."""
+  client = server.client()
+  ids = model.tokenizer.encode(PROMPTS[0])[0]
+  r = client.completions.create(model="code-target", prompt=ids, max_tokens=10, temperature=0,
+                                logprobs=2, extra_body={"return_token_ids": True})
+  c = r.choices[0]
+  lp = c.logprobs
+  assert len(lp.tokens) == len(lp.token_logprobs) == len(c.token_ids) == 10
+  logits = np.asarray(model.logits(np.asarray([ids + c.token_ids[:-1]], np.int32)))[0]
+  logits = logits - logits.max(-1, keepdims=True)
+  own = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  want = [own[len(ids) - 1 + i, t] for i, t in enumerate(c.token_ids)]
+  np.testing.assert_allclose(lp.token_logprobs, want, atol=2e-3)
+  for t, chosen, alts in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    assert len(alts) == 2 and max(alts.values()) == pytest.approx(chosen, abs=1e-6)
+    assert alts[t] == pytest.approx(chosen, abs=1e-6)
+  assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+  streamed = list(client.completions.create(model="code-target", prompt=ids, max_tokens=10,
+                                            temperature=0, logprobs=2, stream=True))
+  tokens = [t for ch in streamed if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+  values = [v for ch in streamed if ch.choices[0].logprobs
+            for v in ch.choices[0].logprobs.token_logprobs]
+  assert tokens == lp.tokens and values == pytest.approx(lp.token_logprobs, abs=1e-6)
+  r = client.chat.completions.create(model="code-target", messages=CHAT, temperature=0,
+                                     max_tokens=8, logprobs=True, top_logprobs=1)
+  content = r.choices[0].logprobs.content
+  assert len(content) == r.usage.completion_tokens
+  assert all(len(e.top_logprobs) == 1 and e.logprob <= 0 for e in content)
+  text = bytes(b for e in content for b in e.bytes).decode("utf-8", errors="replace")
+  assert text.startswith(r.choices[0].message.content)
+  bad = server.post("/v1/completions", {"prompt": "x", "logprobs": 3})
+  assert (bad.status_code, bad.json()["error"]["param"]) == (400, "logprobs")
+
+
+def test_response_format_constrains_the_answer(server):
+  """json_schema: the answer is JSON valid under the schema (a schema with finitely many
+  answers ends at EOS); json_object: the answer opens an object; a schema that cannot
+  compile is a 400 naming response_format."""
+  client = server.client()
+  schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+  fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+  for temperature in (0, 1.0):
+    r = client.chat.completions.create(model="code-target", messages=CHAT, max_tokens=40,
+                                       temperature=temperature, seed=3, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
+  r = client.completions.create(model="code-target", prompt="config = ", max_tokens=12,
+                                temperature=0, extra_body={"response_format": {
+                                    "type": "json_object"}})
+  assert r.choices[0].text.lstrip().startswith("{")
+  bad = server.post("/v1/chat/completions", {"messages": CHAT, "response_format": {
+      "type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}})
+  assert (bad.status_code, bad.json()["error"]["param"]) == (400, "response_format")
+  assert server.post("/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -83,5 +83,7 @@ class Bridge:
   def _logprob_of(self, handle, i: int):
     if not self._logprobs:
       return None, None
-    # The engine appends a token's logprob and alternatives with the token itself.
-    return float(handle.logprobs[i]), [(int(t), float(lp)) for t, lp in handle.top_logprobs[i]]
+    # The engine appends a token's logprob and alternatives with the token itself (no
+    # alternatives when it was built with logprobs=0).
+    top = handle.top_logprobs[i] if i < len(handle.top_logprobs) else []
+    return float(handle.logprobs[i]), [(int(t), float(lp)) for t, lp in top]

@@ -367,9 +367,9 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
   _refuse(body, "suffix", lambda v: v == "", "no insertion after the answer")
   n = body.get("n", 1)
   _refuse(body, "best_of", lambda v: v == n, "each choice is sampled once (best_of must equal n)")
-  logprobs = _integer(body, "logprobs", None, low=0, high=max(limits.logprobs, 0))
-  if logprobs is not None and limits.logprobs <= 0:
+  if _get(body, "logprobs") is not _MISSING and limits.logprobs <= 0:
     raise ProtocolError("'logprobs' needs a server started with --logprobs N", "logprobs")
+  logprobs = _integer(body, "logprobs", None, low=0, high=limits.logprobs)
   stream, usage = _stream(body)
   return CompletionRequest(
       model=model, prompts=prompts,
@@ -552,24 +552,27 @@ DONE = sse("[DONE]")
 # ----------------------------------------------------------------------------- logprobs
 
 
-def completion_logprobs(pieces: list[str], logprobs: list[float], top: list, start: int,
-                        piece) -> dict:
-  """Completions' logprobs object for tokens with texts `pieces`: their logprobs, the top
-  alternatives as {text: logprob} and each token's character offset from `start`.
-  `piece(id)` is a token's text."""
+def completion_logprobs(ids, logprobs, top, start: int, describe) -> dict:
+  """Completions' logprobs object for tokens `ids`: their texts and logprobs, the top
+  alternatives as {text: logprob}, and each token's character offset from `start`.
+  `describe(id)` is (a token's text, its bytes)."""
+  texts = [describe(i)[0] for i in ids]
   offsets, at = [], start
-  for p in pieces:
+  for t in texts:
     offsets.append(at)
-    at += len(p)
-  return {"tokens": list(pieces), "token_logprobs": [float(x) for x in logprobs],
-          "top_logprobs": [{piece(i): float(lp) for i, lp in alts} for alts in top],
+    at += len(t)
+  return {"tokens": texts, "token_logprobs": [float(x) for x in logprobs],
+          "top_logprobs": [{describe(i)[0]: float(lp) for i, lp in alts} for alts in top],
           "text_offset": offsets}
 
 
-def chat_logprobs(pieces: list[str], logprobs: list[float], top: list, piece) -> dict:
-  """Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
-  def entry(text, lp):
-    return {"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8"))}
+def chat_logprobs(ids, logprobs, top, describe) -> dict:
+  """Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}; bytes
+  are the token's own (a multi-byte character spread over tokens is whole again once
+  the bytes are joined)."""
+  def entry(i, lp):
+    text, raw = describe(i)
+    return {"token": text, "logprob": float(lp), "bytes": list(raw)}
 
-  return {"content": [dict(entry(p, lp), top_logprobs=[entry(piece(i), a) for i, a in alts])
-                      for p, lp, alts in zip(pieces, logprobs, top)]}
+  return {"content": [dict(entry(i, lp), top_logprobs=[entry(j, a) for j, a in alts])
+                      for i, lp, alts in zip(ids, logprobs, top)]}

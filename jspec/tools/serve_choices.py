@@ -54,9 +54,10 @@ class Aborted(Exception):
 class Run:
   """The choices of one HTTP request, as their engine events arrive."""
 
-  def __init__(self, submitted, tokenizer, eos_ids, metrics, stop=()):
+  def __init__(self, submitted, tokenizer, end_ids, metrics, stop=()):
+    """end_ids: ids that end an answer and are no text (EOS, the request's stop ids)."""
     self.metrics = metrics
-    self.choices = {s.index: ChoiceState(s, stop_text.StopText(tokenizer, stop, eos_ids))
+    self.choices = {s.index: ChoiceState(s, stop_text.StopText(tokenizer, stop, end_ids))
                     for s in submitted}
     self.waiting = set(self.choices)  # choices whose engine request has not ended
 

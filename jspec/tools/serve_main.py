@@ -43,7 +43,7 @@ def run(target, drafter, args, model_name: str) -> int:
       model_name=model_name, vocab_size=int(target.vocab_size), max_length=max_length,
       eos_ids=tuple(int(i) for i in target.eos_ids), penalties=not args.no_penalties,
       logit_bias=not args.no_logit_bias, logprobs=args.logprobs or 0,
-      constraints=bool(args.constraint_states))
+      constraints=args.constraint_states or 0)
   constraint_for = constraint_cache(tokenizer) if args.constraint_states else None
   service = server.Service(engine, tokenizer, config, constraint_for=constraint_for)
   app = server.App(service, on_shutdown=lambda: engine.close(drain=False, timeout=60))

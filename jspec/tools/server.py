@@ -61,7 +61,7 @@ class ServerConfig:
   penalties: bool = True  # the engine was built with penalties=True
   logit_bias: bool = True  # ... with logit_bias=True
   logprobs: int = 0  # ... with logprobs=N
-  constraints: bool = False  # ... with constraints=Q
+  constraints: int = 0  # ... with constraints=Q (automaton states)
 
 
 class _Refused(Exception):
@@ -83,9 +83,10 @@ class Service:
     self.metrics = metrics or serve_metrics.Metrics()
     self.bridge = engine_bridge.Bridge(engine, self.metrics, logprobs=config.logprobs > 0)
     self.limits = proto.Limits(model_names=(config.model_name,), vocab_size=config.vocab_size,
-                               logprobs=config.logprobs, constraints=config.constraints,
+                               logprobs=config.logprobs, constraints=config.constraints > 0,
                                chat=tokenizer.chat_template is not None)
     self._constraint_for = constraint_for  # ResponseFormat -> a jspec.Constraint (cached)
+    self._bytes: list | None = None  # each id's bytes, for logprobs (`_ready_logprobs`)
     self.started = int(time.time())
     self.closing = False
 
@@ -136,6 +137,7 @@ class Service:
 
   def prepare_completion(self, req: proto.CompletionRequest):
     """(prompt ids per prompt, choices); blocking (tokenizer, schema compile)."""
+    self._ready_logprobs(req.sampling)
     prompts = [list(p) if isinstance(p, tuple) else self._encode(p) for p in req.prompts]
     if any(not p for p in prompts):
       raise proto.ProtocolError("'prompt' encodes to no tokens", "prompt")
@@ -146,6 +148,7 @@ class Service:
     """(prompt ids, choices) of a conversation; blocking (template, tokenizer)."""
     import jinja2
 
+    self._ready_logprobs(req.sampling)
     try:
       ids = self.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True,
                                                tokenize=True)
@@ -161,10 +164,16 @@ class Service:
     if fmt is None:
       return None
     try:
-      return self._constraint_for(fmt)
+      constraint = self._constraint_for(fmt)
     except ValueError as e:
       raise proto.ProtocolError(f"'response_format' cannot be compiled: {e}",
                                 "response_format") from None
+    # State 0 of the engine's table is the unconstrained rows'.
+    if constraint.num_states > self.config.constraints - 1:
+      raise proto.ProtocolError(
+          f"'response_format' compiles to {constraint.num_states} automaton states; this "
+          f"server holds {self.config.constraints - 1} (--constraint-states)", "response_format")
+    return constraint
 
   def submit(self, choices, loop, queue) -> list[engine_bridge.Submitted]:
     """Submit every choice (blocking); the engine's refusals as `_Refused`."""
@@ -177,17 +186,33 @@ class Service:
     except engine_lib.EngineClosed as e:
       raise _Refused(proto.closing_error(str(e))) from None
     except (ValueError, TypeError) as e:
+      if "does not fit" in str(e) and any("constraint" in c[2] for c in choices):
+        # Its size was checked against the whole table: the constraints of requests in
+        # flight hold the room, which frees as they end.
+        raise _Refused(proto.ProtocolError(
+            f"the server's constraint table is full: {e}; retry later", "response_format",
+            status=429, type="rate_limit_error", code="constraints_full")) from None
       raise _Refused(proto.ProtocolError(str(e))) from None
 
   # ------------------------------------------------------------------ answering
 
-  def piece(self, token: int) -> str:
-    """One token's text (logprobs name tokens by their text)."""
-    return self._piece(int(token))
+  def _ready_logprobs(self, s: proto.Sampling) -> None:
+    """Every id's bytes, read once from the tokenizer (on a worker thread: a large
+    vocabulary takes a moment) before the first answer with logprobs names tokens."""
+    if s.logprobs is not None and self._bytes is None:
+      from jspec.core import constraint as constraint_lib
+
+      self._bytes = constraint_lib.token_bytes(self.tokenizer)[0]
+
+  def describe(self, token: int) -> tuple[str, bytes]:
+    """(text, bytes) of one token, as logprobs name it."""
+    return self._describe(int(token))
 
   @functools.lru_cache(maxsize=65536)
-  def _piece(self, token: int) -> str:
-    return self.tokenizer.decode([token], skip_special_tokens=False)
+  def _describe(self, token: int) -> tuple[str, bytes]:
+    text = self.tokenizer.decode([token], skip_special_tokens=False)
+    raw = self._bytes[token] if self._bytes is not None and token < len(self._bytes) else None
+    return text, text.encode() if raw is None else raw
 
 
 # ---------------------------------------------------------------------- the app
@@ -326,8 +351,9 @@ class App:
       return _error(e)
     except _Refused as e:
       return _error(e.args[0])
-    run = serve_choices.Run(submitted, s.tokenizer, s.config.eos_ids, s.metrics,
-                             req.sampling.stop)
+    run = serve_choices.Run(
+        submitted, s.tokenizer, s.config.eos_ids + req.sampling.stop_token_ids, s.metrics,
+        req.sampling.stop)
     answer = _Answer(s, req, run, prompts, queue, chat)
     if req.stream:
       return _EventStream(answer.events())
@@ -348,11 +374,10 @@ class _Answer:
       return None
     c = self.run.choices[index]
     k = self.req.sampling.logprobs
-    pieces = [self.s.piece(t) for t in c.ids[start:end]]
-    top = [alts[:k] for alts in c.top[start:end]]
+    ids, top = c.ids[start:end], [alts[:k] for alts in c.top[start:end]]
     if self.chat:
-      return proto.chat_logprobs(pieces, c.logprobs[start:end], top, self.s.piece)
-    return proto.completion_logprobs(pieces, c.logprobs[start:end], top, offset, self.s.piece)
+      return proto.chat_logprobs(ids, c.logprobs[start:end], top, self.s.describe)
+    return proto.completion_logprobs(ids, c.logprobs[start:end], top, offset, self.s.describe)
 
   async def whole(self, request: Request) -> Response:
     """Wait for every choice; cancel them if the client leaves first."""
