@@ -218,3 +218,24 @@ def test_ignore_eos_per_request(target):
     stopped, ignoring = stopped.result(timeout=300), ignoring.result(timeout=300)
   assert stopped.tokens == free[:free.index(eos) + 1] and stopped.finish_reason == "stop"
   assert ignoring.tokens == free and ignoring.finish_reason == "length"
+
+
+def test_auto_prices_by_its_own_round_times(target):
+  """"auto" starts from the prior's costs; once the engine has timed runs of both choices
+  at a batch (runs of one choice only; the first run at a batch, which may compile, not
+  counted), their ratio replaces the prior's there, and other batches keep the prior."""
+  engine = jspec.Engine(target, jspec.NGram(V, max_ngram=2), slots=4, cache_length=64,
+                        num_draft_tokens="auto", start=False)
+  prior, _ = engine._bucket_costs(4)
+  k = engine._auto.choices[1]
+  engine._timed(4, {}, {0: 4}, 0.4)  # 0.1 s per plain round
+  np.testing.assert_array_equal(engine._bucket_costs(4)[0], prior)  # one choice seen: prior
+  engine._timed(4, {0: 4}, {0: 4, k: 2}, 0.6)  # 0.3 s per drafting round
+  engine._timed(4, {0: 4, k: 2}, {0: 6, k: 3}, 9.9)  # two choices in one run: not counted
+  costs, _ = engine._bucket_costs(4)
+  np.testing.assert_allclose(costs, [prior[0], 3 * prior[0]], rtol=1e-6)
+  engine._timed(4, {0: 6, k: 3}, {0: 6, k: 5}, 0.2)  # 0.1 s: the running mean moves
+  mean = 0.7 * 0.3 + 0.3 * 0.1
+  np.testing.assert_allclose(engine._bucket_costs(4)[0], [prior[0], mean / 0.1 * prior[0]],
+                             rtol=1e-5)
+  np.testing.assert_array_equal(engine._bucket_costs(2)[0], engine._costs[2][0])

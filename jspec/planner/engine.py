@@ -42,6 +42,7 @@ from jspec.planner.constraint_pool import ConstraintPool
 
 
 SHRINK_AFTER = 4  # runs in a row with the load in a smaller bucket before moving to it
+MEASURED_WEIGHT = 0.3  # "auto": weight of a new run's round time in its running mean
 
 
 class QueueFull(RuntimeError):
@@ -376,6 +377,9 @@ class Engine:
                        f"got {buckets}")
     self.buckets = tuple(buckets)
     self._costs: dict[int, tuple] = {}
+    # "auto": seconds per round measured at each batch and choice, from runs that ran one
+    # choice only (a running mean); they replace the prior once both choices are measured.
+    self.round_seconds: dict[int, dict[int, float]] = {}
     self._low_runs = 0  # runs in a row the load would fit half the batch
     self._lock = threading.Condition()
     self._pending: collections.deque[_Pending] = collections.deque()
@@ -568,8 +572,13 @@ class Engine:
 
   def _bucket_costs(self, B: int):
     """(costs [C], catch_up []) of "auto"'s two choices at batch B: the prior of
-    `speculative_generate` at this batch and cache (`plan.round_costs`). Where no K can
-    beat plain decoding at B, the drafting choice is priced out (it never wins)."""
+    `speculative_generate` at this batch and cache (`plan.round_costs`) until this engine
+    has timed its own rounds of both choices at B (`round_seconds`), then those. The
+    prior comes from calls timed once per machine over a full cache; the engine's rounds
+    read only the live rows' span, share the machine with its host work, and run at the
+    load of the moment, so where the two disagree the measurement decides. Where no K
+    can beat plain decoding at B, the drafting choice is priced out (it never wins, and
+    is never measured). Costs the caller gave (`AutoK(costs=...)`) are used as given."""
     if self._auto is None:
       return np.zeros((1,), np.float32), np.float32(0.0)
     if B not in self._costs:
@@ -580,7 +589,25 @@ class Engine:
       plain = by_k.get(0, min(priced.costs))
       costs = [plain, by_k.get(self._auto.choices[1], 1e6 * plain)]
       self._costs[B] = (np.asarray(costs, np.float32), np.float32(priced.catch_up))
-    return self._costs[B]
+    prior, catch_up = self._costs[B]
+    seen = self.round_seconds.get(B, {})
+    if self._given_costs is not None or len(seen) < len(prior):
+      return prior, catch_up
+    # In the prior's units (a plain round's), so that its catch-up price still applies.
+    return (np.asarray([seen[i] / seen[0] * prior[0] for i in range(len(prior))], np.float32),
+            catch_up)
+
+  def _timed(self, B: int, before: dict, after: dict, seconds: float):
+    """Fold a run's time into `round_seconds` when it ran one choice only."""
+    ran = {i: after.get(k, 0) - before.get(k, 0) for i, k in enumerate(self._auto.choices)}
+    ran = {i: n for i, n in ran.items() if n > 0}
+    if len(ran) != 1:
+      return
+    (i, n), = ran.items()
+    per_round = seconds / n
+    seen = self.round_seconds.setdefault(B, {})
+    seen[i] = per_round if i not in seen else (
+        (1 - MEASURED_WEIGHT) * seen[i] + MEASURED_WEIGHT * per_round)
 
   def _statics(self, B: int):
     costs, catch_up = self._bucket_costs(B)
@@ -705,6 +732,7 @@ class Engine:
       stop = self._stop.copy()
       self._stop[:] = False
     _, eos, costs, catch_up = self._statics(self.batch)
+    began = time.perf_counter()
     self._state, seen = _run_program(self._target, self._drafter, self._state, stop,
                                      np.int32(self.rounds), costs, catch_up,
                                      config=self._config, auto=self._auto)
@@ -713,7 +741,10 @@ class Engine:
     self.runs += 1
     self.runs_by_batch[self.batch] = self.runs_by_batch.get(self.batch, 0) + 1
     if rounds_by_k is not None:  # the state's counts since it was made (a resize keeps them)
-      self.rounds_by_k = {k: int(r) for k, r in zip(self._auto.choices, rounds_by_k)}
+      counts = {k: int(r) for k, r in zip(self._auto.choices, rounds_by_k)}
+      if self.runs_by_batch[self.batch] > 1:  # a batch's first run may have compiled it
+        self._timed(self.batch, self.rounds_by_k, counts, now - began)
+      self.rounds_by_k = counts
     accepted_at = np.asarray(stats.position_accepted)
     for b in range(self.batch):
       with self._lock:
