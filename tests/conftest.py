@@ -236,6 +236,34 @@ def assert_reproduces_chat_manifest(target, drafter, manifest: dict) -> None:
     assert abs(got["tau"] - want["tau"]) <= 0.03 * want["tau"], (kind, got["tau"], want["tau"])
 
 
+def assert_measure_rows(report: dict, ks, prompts: int, max_new_tokens: int) -> None:
+  """A `jspec measure` report (greedy, no EOS: every prompt emits max_new_tokens) held to
+  what its figures are computed from. Per K: the answers equal plain decoding's; the
+  acceptance histogram counts the rounds, so tau is the tokens over its total, and the
+  tokens are those rounds' accepted drafts plus one each (the last round of a prompt may
+  be cut at max_new_tokens: one fewer); alpha and draft_accept follow from the histogram;
+  the per-prompt histograms add up to it and give each prompt's tau."""
+  assert [r["k"] for r in report["rows"]] == list(ks)
+  tokens = prompts * max_new_tokens
+  for row in report["rows"]:
+    k = row["k"]
+    hist = np.asarray(row["accept_hist"], np.int64)
+    assert hist.shape == (k + 1,), row["accept_hist"]
+    n = np.arange(k + 1)
+    calls, accepted = int(hist.sum()), int(hist @ n)
+    assert row["equal_to_baseline"] is True, k
+    assert row["tau"] == pytest.approx(tokens / calls), (k, row["tau"], tokens, calls)
+    assert calls + accepted - prompts <= tokens <= calls + accepted, (k, hist.tolist(), tokens)
+    judged = int(hist @ np.minimum(n + 1, k))
+    assert row["alpha"] == pytest.approx(accepted / judged), k
+    assert row["draft_accept"] == pytest.approx(accepted / (k * calls)), k
+    per = row["per_prompt"]
+    assert len(per) == prompts
+    np.testing.assert_array_equal(np.sum([p["accept_hist"] for p in per], axis=0), hist)
+    for p in per:
+      assert p["tau"] == pytest.approx(max_new_tokens / sum(p["accept_hist"])), (k, p)
+
+
 # ----------------------------------------------------------------------------- test lanes
 # `pytest` (README's command) runs the fast lane: pyproject's addopts deselect `slow`;
 # `pytest -m slow` runs the slow lane, and CI runs both. A test carries `@pytest.mark.slow`

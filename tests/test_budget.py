@@ -4,6 +4,7 @@ lines and rates are known exactly."""
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -111,17 +112,85 @@ def test_budget_refuses_what_it_cannot_plan(tmp_path):
   assert plan["rows"][0]["answer_tokens"]["chat"] is None
 
 
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+SECONDS = {"s": 1, "min": 60, "h": 3600, "days": 86400, "years": 86400 * 365}
+
+
+def _quoted(text: str) -> tuple[float, float]:
+  """A figure as the docs quote it ("8.6e5", "7,300", "0.226", "1.2e6") -> (value, half a
+  unit in its last significant digit: how far the quoted value may be from the exact one)."""
+  mantissa, _, exponent = text.replace(",", "").partition("e")
+  scale = 10.0 ** int(exponent or 0)
+  if "." in mantissa:
+    last = 10.0 ** -len(mantissa.split(".")[1])
+  else:  # an integer's trailing zeros are rounding, not digits ("7,300", "340")
+    last = 10.0 ** (len(mantissa) - len(mantissa.rstrip("0"))) if mantissa.strip("0") else 1.0
+  return float(mantissa) * scale, 0.5 * last * scale
+
+
+def _assert_quotes(text: str, value: float, what: str):
+  quoted, half = _quoted(text)
+  assert abs(quoted - value) <= half * (1 + 1e-9), (
+      f"{what}: the docs say {text}, the code gives {value:.6g}")
+
+
+def _assert_duration(text: str, seconds: float, what: str):
+  number, unit = text.split()
+  _assert_quotes(number, seconds / SECONDS[unit], what)
+
+
 def test_the_documented_eagle3_plan_is_what_the_recorded_curves_give():
-  """docs/training.md's budget table comes from the curves in docs/bench and the store."""
-  root = os.path.join(os.path.dirname(__file__), "..")
-  curves = [os.path.join(root, "docs", "bench", n) for n in
+  """docs/training.md's budget for the EAGLE-3 head (the fit, the measured rates and every
+  figure of its table) is what `budget.plan` makes of the curves in docs/bench and the store:
+  each figure read from the doc and compared with the code's to the digits the doc quotes."""
+  with open(os.path.join(ROOT, "docs", "training.md")) as f:
+    doc = f.read()
+  start = doc.index("### A training budget from the curve")
+  section = doc[start:doc.index("The other two heads' curves", start)]
+  prose = " ".join(section.split())
+  curves = [os.path.join(ROOT, "docs", "bench", n) for n in
             ("curve_smollm2_eagle3.json", "curve_smollm2_eagle3_h200.json")]
-  plan = BU.plan(BU.load_curves(curves), os.path.join(root, "data", "smollm2_answers"),
-                 [1.8, 2.0], 2.0)
-  assert plan["fits"]["points"] == 6
-  assert round(plan["fits"]["chat"]["b_per_decade"], 3) == 0.226
-  assert round(plan["fits"]["mt_bench"]["b_per_decade"], 3) == 0.151
-  low, high = plan["rows"]
-  assert f"{low['answer_tokens']['chat']:.2g}" == "6.6e+06"
-  assert f"{high['answer_tokens']['chat']:.2g}" == "5.1e+07"
-  assert f"{high['answer_tokens']['mt_bench']:.2g}" == "1.2e+10"
+  for name in ("curve_smollm2_eagle3.json", "curve_smollm2_eagle3_h200.json"):
+    assert f"docs/bench/{name}" in section  # the command the section quotes reads these
+  table = [line.strip("|").split("|") for line in section.splitlines()
+           if re.match(r"\| [0-9.]+ \|", line)]
+  goals = [float(row[0]) for row in table]
+  assert goals == [1.6, 1.8, 2.0, 2.5, 3.0]
+  plan = BU.plan(BU.load_curves(curves), os.path.join(ROOT, "data", "smollm2_answers"), goals,
+                 2.0)
+  assert plan["fits"]["points"] == 6 and "(the five CPU points and the H200 point)" in prose
+  fit = re.search(r"Held-out chat tau = ([0-9.]+) \+ ([0-9.]+) log10\(tokens\) \(R\^2 ([0-9.]+)\), "
+                  r"MT-Bench tau = ([0-9.]+) \+ ([0-9.]+) log10\(tokens\) \(R\^2 ([0-9.]+)\)",
+                  prose)
+  assert fit, "docs/training.md no longer quotes the fit in the form this test reads"
+  for i, line in enumerate(("chat", "mt_bench")):
+    for j, key in enumerate(("a", "b_per_decade", "r2")):
+      _assert_quotes(fit.group(3 * i + j + 1), plan["fits"][line][key], f"{line} {key}")
+  cpu, h200 = plan["generation"]["2-core CPU"], plan["generation"]["NVIDIA H200"]
+  rates = re.search(r"median 75 and fastest ([0-9,]+) answer tokens/s on the 2-core CPU .*"
+                    r"bring the median to ([0-9,]+);.* median ([0-9,]+) and fastest ([0-9,]+) on "
+                    r"the H200", prose)
+  assert rates, "docs/training.md no longer quotes the writing rates in the form this test reads"
+  for text, value, what in zip(rates.groups(), (cpu["fastest"], cpu["median"], h200["median"],
+                                                 h200["fastest"]),
+                               ("CPU fastest", "CPU median", "H200 median", "H200 fastest")):
+    _assert_quotes(text, value, f"writing, {what}")
+  training = {t["machine"]: t["tokens_epochs_per_second"] for t in plan["training"]}
+  quoted = re.search(r"Training: ([0-9,]+) answer tokens x epochs per CPU second .* ([0-9,]+) per "
+                     r"second on the H200", prose)
+  _assert_quotes(quoted.group(1), training["CPU"], "training on the CPU")
+  _assert_quotes(quoted.group(2), training["NVIDIA H200"], "training on the H200")
+  for row, got in zip(table, plan["rows"]):
+    cells = [c.strip() for c in row]
+    what = f"goal tau {cells[0]}"
+    _assert_quotes(cells[1], got["answer_tokens"]["chat"], f"{what}, chat tokens")
+    _assert_quotes(cells[2], got["answer_tokens"]["mt_bench"], f"{what}, MT-Bench tokens")
+    if cells[3] == "inside the data":
+      assert got["past_largest_point"] <= 1.0, what
+    else:
+      _assert_quotes(cells[3].rstrip("x"), got["past_largest_point"], f"{what}, past the data")
+    write, train = got["generate_seconds"], list(got["train_seconds"].values())
+    _assert_duration(cells[4], write["2-core CPU"], f"{what}, writing on the CPU")
+    _assert_duration(cells[5], write["NVIDIA H200"], f"{what}, writing on the H200")
+    _assert_duration(cells[6], train[0], f"{what}, training on the CPU")
+    _assert_duration(cells[7], train[1], f"{what}, training on the H200")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jspec
 from jspec.core.drafter import DraftContext, target_for
 from jspec.io import drafter_layouts as PD
-from conftest import require
+from conftest import assert_measure_rows, require
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,8 @@ def _word_tokenizer(path):
 
 def _measure(vpath, drafter_dir, tmp_path):
   """`jspec measure --target VERIFIER --drafter DIR --k 4 --json out.json` on a reference-
-  written drafter folder: it runs and reports tau (>= 1: a round emits at least one token)."""
+  written drafter folder: it runs, its answers equal plain greedy's, and its tau and acceptance
+  agree with the rounds it counted (`assert_measure_rows`)."""
   from jspec.tools import cli
 
   prompts = tmp_path / "prompts.txt"
@@ -82,9 +83,9 @@ def _measure(vpath, drafter_dir, tmp_path):
                    "--prompts", str(prompts), "--max-new-tokens", "16", "--repeats", "1",
                    "--json", str(out)]) == 0
   with open(out) as f:
-    rows = json.load(f)["rows"]
-  assert [r["k"] for r in rows] == [4] and rows[0]["tau"] >= 1.0
-  return rows[0]["tau"]
+    report = json.load(f)
+  assert_measure_rows(report, [4], prompts=2, max_new_tokens=16)
+  return report["rows"][0]["tau"]
 
 
 def _randomise(torch, module, seed):

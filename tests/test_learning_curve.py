@@ -81,7 +81,11 @@ def test_points_run_once_each_with_their_own_state_and_resume(tmp_path, monkeypa
   curve = json.loads(open(os.path.join(out, "curve.json")).read())
   assert [p["tau"] for p in curve["points"]] == pytest.approx(
       [1.0 + 0.1 * int(c["--max-windows"]) for c in calls])
-  assert curve["fit"]["b_per_decade"] > 0
+  # Two points: the fit is the line through them, in tau per decade of answer tokens.
+  (t0, y0), (t1, y1) = [(p["answer_tokens"], p["tau"]) for p in curve["points"]]
+  slope = (y1 - y0) / (math.log10(t1) - math.log10(t0))
+  assert curve["fit"]["b_per_decade"] == pytest.approx(slope)
+  assert curve["fit"]["a"] == pytest.approx(y0 - slope * math.log10(t0))
   assert all(p["cpu_seconds"] is not None for p in curve["points"])
   # Run again with one more point: the two done are read, only the new one trains.
   assert LC.main(argv[:5] + ["20,60,90"] + argv[6:]) == 0
@@ -149,7 +153,12 @@ def test_the_draft_model_curve_drives_its_recipe(tmp_path, monkeypatch):
   last = options(calls[-1])
   assert int(last["--max-windows"]) < 10 and last["--feature-windows"] == last["--max-windows"]
   curve = json.loads(open(os.path.join(out, "curve.json")).read())
-  assert curve["head"] == "draft" and curve["fit_first_draft"]["b_per_decade"] > 0
+  assert curve["head"] == "draft"
+  # The first-draft line runs through the two points' held-out top1 (0.1 per window).
+  (t0, w0), (t1, w1) = [(p["answer_tokens"], int(o["--max-windows"]))
+                        for p, o in zip(curve["points"], opts)]
+  assert curve["fit_first_draft"]["b_per_decade"] == pytest.approx(
+      0.1 * (w1 - w0) / (math.log10(t1) - math.log10(t0)))
 
 
 def test_plot_draws_several_curves_and_a_curve_needs_its_options(tmp_path):
@@ -203,7 +212,14 @@ def test_conversation_tau_is_measured_checked_and_cached(tmp_path, monkeypatch):
                folder)
   key = {"questions": "q.jsonl", "n": 2, "new_tokens": 6, "k": 4}
   report = LC.conversation_tau(folder, target, prompts, key, 6)
-  assert report["greedy_equal"] and report["prompts"] == 2 and report["tau"] >= 1.0
+  assert report["greedy_equal"] and report["prompts"] == 2
+  # tau is the answers' tokens over the rounds the histogram counts; those tokens are the
+  # accepted drafts plus one per round (one fewer in a prompt's last round if cut).
+  hist = np.asarray(report["accept_hist"])
+  calls, accepted = int(hist.sum()), int(hist @ np.arange(hist.size))
+  assert report["target_calls"] == calls
+  assert report["tau"] == round(report["answer_tokens"] / calls, 4)
+  assert calls + accepted - 2 <= report["answer_tokens"] <= calls + accepted
   # One ragged batch gives batch 1's figures: greedy rows do not interact.
   one = smollm2_eagle3.chat_acceptance(target, E.load_eagle(folder, target), prompts, 4, 6)
   assert one["greedy_equal"]

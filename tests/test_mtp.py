@@ -18,7 +18,7 @@ from jspec.drafters import eagle as E
 from jspec.drafters.mtp import MTP, mtp_config
 from jspec.io import drafter_layouts as PD
 from jspec.io import layout_tensors as T
-from conftest import numpy_drawn_target, tiny_config
+from conftest import numpy_drawn_target, require, tiny_config
 
 V, D, H, HKV, DH, F = 40, 32, 4, 2, 8, 64
 P = "mtp_layers.0."
@@ -170,7 +170,7 @@ def test_a_hub_id_is_downloaded_when_no_such_folder_exists(target, tmp_path, mon
   """`load_drafter("org/name", target)`: a repo id that is not a local path goes through
   huggingface_hub's snapshot_download (replaced here: no network in tests), config and weights
   only; a local folder of that name wins."""
-  hub = pytest.importorskip("huggingface_hub")
+  hub = require("huggingface_hub")  # in the hub extra; transformers (dev) installs it too
   folder = mtp_dir(tmp_path / "snapshot")
   calls = []
 

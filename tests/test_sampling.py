@@ -36,13 +36,61 @@ def test_probabilities_match_reference(vocab):
       assert np.all(got[b, n][want == 0] == 0)
 
 
-def test_unfiltered_batch_skips_the_filters_but_agrees():
+def _branch_spy(monkeypatch):
+  """`probabilities`, compiled once, telling which of its branches ran at run time: each
+  branch records itself with a callback, which runs only in the branch `lax.switch` takes.
+  Returns run(logits, params) -> (probs, branches), a branch named "argmax" or
+  (filtered, mixed)."""
+  ran = []
+  argmax, processed = sampling._one_hot_argmax, sampling._processed
+
+  def spy_argmax(logits, params):
+    jax.debug.callback(lambda: ran.append("argmax"))
+    return argmax(logits, params)
+
+  def spy_processed(logits, params, filtered, mixed):
+    jax.debug.callback(lambda: ran.append((filtered, mixed)))
+    sampling._one_hot_argmax = argmax  # a mixed branch's greedy rows are not the argmax branch
+    try:
+      return processed(logits, params, filtered, mixed)
+    finally:
+      sampling._one_hot_argmax = spy_argmax
+
+  monkeypatch.setattr(sampling, "_one_hot_argmax", spy_argmax)
+  monkeypatch.setattr(sampling, "_processed", spy_processed)
+  # A fresh function, so that jit traces the spies rather than reusing a program.
+  compiled = jax.jit(lambda l, p: sampling.probabilities(l, p))
+
+  def run(logits, params):
+    ran.clear()
+    probs = np.asarray(compiled(jnp.asarray(logits), params))
+    jax.effects_barrier()
+    return probs, list(ran)
+
+  return run
+
+
+def test_unfiltered_batch_skips_the_filters_but_agrees(monkeypatch):
+  """A batch with no top-k, top-p or min-p runs the softmax branch, not the filters (and a
+  filtered, a mixed and an all-greedy batch each run theirs), with the reference's numbers."""
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 1, 11)).astype(np.float32)
-  got = np.asarray(sampling.probabilities(jnp.asarray(logits),
-                                          _params([1.0, 0.5], [0, 0], [1.0, 1.0])))
+  run = _branch_spy(monkeypatch)
+  got, ran = run(logits, _params([1.0, 0.5], [0, 0], [1.0, 1.0]))
+  assert ran == [(False, False)]  # unfiltered, no greedy row
   for b, t in enumerate([1.0, 0.5]):
     np.testing.assert_allclose(got[b, 0], processed_probs(logits[b, 0], t), atol=2e-6)
+  # The spy tells the branches apart: filtered batches, a mixed one and an all-greedy one.
+  for (t, k, p), branch in ((([1.0, 0.5], [3, 0], [1.0, 1.0]), (True, False)),
+                            (([1.0, 0.5], [0, 0], [1.0, 0.9]), (True, False)),
+                            (([0.0, 0.5], [0, 0], [1.0, 1.0]), (False, True)),
+                            (([0.0, 0.5], [0, 4], [1.0, 1.0]), (True, True)),
+                            (([0.0, 0.0], [3, 0], [0.5, 1.0]), "argmax")):
+    got, ran = run(logits, _params(t, k, p))
+    assert ran == [branch], (t, k, p, ran)
+    for b in range(2):
+      np.testing.assert_allclose(got[b, 0], processed_probs(logits[b, 0], t[b], k[b], p[b]),
+                                 atol=2e-6)
 
 
 def test_sample_never_draws_zero_probability():
