@@ -21,19 +21,19 @@ def run(target, drafter, args, model_name: str) -> int:
 
   from jspec.planner import cache_folder
 
-  cache_folder.enable_compilation_cache(args.cache_dir)
+  # Every flag is checked before anything is set up or compiled.
   tokenizer = _tokenizer(target, args.chat_template, model_name)
-  engine = _engine(target, drafter, args)
+  options = engine_options(drafter is not None, args)
+  warmup = _ints(args.warmup, "--warmup", "prompt buckets") if args.warmup not in (
+      None, "all") else None
+  cache_folder.enable_compilation_cache(args.cache_dir)
+  try:
+    engine = engine_lib.Engine(target, drafter, **options)
+  except (ValueError, TypeError) as e:
+    raise SystemExit(f"jspec serve: {e}") from None
   if args.warmup:
-    buckets = None
-    if args.warmup != "all":
-      try:
-        buckets = [int(b) for b in args.warmup.split(",") if b.strip()]
-      except ValueError:
-        raise SystemExit(f"--warmup takes prompt buckets (16,32,...), got {args.warmup!r}"
-                         ) from None
     print("compiling the engine's programs (--warmup) ...", flush=True)
-    engine.warmup(buckets)
+    engine.warmup(warmup)
   # A chain's verify block is K + 1 slots past the answer; a tree's is wider, and the
   # engine refuses a request that does not fit it (a 400 too).
   max_length = args.cache_length - (engine.num_draft_tokens + 1)
@@ -47,12 +47,18 @@ def run(target, drafter, args, model_name: str) -> int:
   constraint_for = constraint_cache(tokenizer) if args.constraint_states else None
   service = server.Service(engine, tokenizer, config, constraint_for=constraint_for)
   app = server.App(service, on_shutdown=lambda: engine.close(drain=False, timeout=60))
-  k = 0 if drafter is None else args.num_draft_tokens
   print(f"serving {model_name} on http://{args.host}:{args.port}/v1 ({args.slots} slots, "
-        f"K = {k}, cache {args.cache_length})", flush=True)
+        f"K = {options['num_draft_tokens'] or 0}, cache {args.cache_length})", flush=True)
   uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
               timeout_graceful_shutdown=args.drain_timeout, lifespan="on")
   return 0
+
+
+def _ints(text: str, flag: str, what: str) -> list[int]:
+  try:
+    return [int(x) for x in text.split(",") if x.strip()]
+  except ValueError:
+    raise SystemExit(f"{flag} takes comma-separated {what}, got {text!r}") from None
 
 
 def _tokenizer(target, template_path: str | None, model_name: str):
@@ -72,33 +78,27 @@ def _tokenizer(target, template_path: str | None, model_name: str):
   return tokenizer
 
 
-def _engine(target, drafter, args) -> engine_lib.Engine:
+def engine_options(drafting: bool, args) -> dict:
+  """`jspec.Engine`'s keywords from the flags (SystemExit naming the flag when one is bad)."""
   k = None
-  if drafter is not None:
+  if drafting:
     k = args.num_draft_tokens
     if k != "auto":
       try:
         k = int(k)
       except ValueError:
         raise SystemExit(f"--num-draft-tokens must be auto or an integer, got {k!r}") from None
-  extra = {}  # the engine's optional outputs, asked for only when used (each costs a round)
+  options = dict(slots=args.slots, cache_length=args.cache_length, num_draft_tokens=k,
+                 max_queue=args.max_queue, rounds=args.rounds,
+                 penalties=not args.no_penalties, logit_bias=not args.no_logit_bias)
   if args.buckets:
-    try:
-      extra["buckets"] = [int(b) for b in args.buckets.split(",") if b.strip()]
-    except ValueError:
-      raise SystemExit(f"--buckets must be comma-separated integers, got {args.buckets!r}"
-                       ) from None
+    options["buckets"] = _ints(args.buckets, "--buckets", "batch sizes")
+  # The engine's optional outputs, asked for only when used (each costs every round).
   if args.logprobs:
-    extra["logprobs"] = args.logprobs
+    options["logprobs"] = args.logprobs
   if args.constraint_states:
-    extra["constraints"] = args.constraint_states
-  try:
-    return engine_lib.Engine(target, drafter, slots=args.slots, cache_length=args.cache_length,
-                             num_draft_tokens=k, max_queue=args.max_queue, rounds=args.rounds,
-                             penalties=not args.no_penalties,
-                             logit_bias=not args.no_logit_bias, **extra)
-  except (ValueError, TypeError) as e:
-    raise SystemExit(f"jspec serve: {e}") from None
+    options["constraints"] = args.constraint_states
+  return options
 
 
 def constraint_cache(tokenizer):

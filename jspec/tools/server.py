@@ -64,10 +64,6 @@ class ServerConfig:
   constraints: int = 0  # ... with constraints=Q (automaton states)
 
 
-class _Refused(Exception):
-  """A request the engine turned down at submit, as a ProtocolError to send."""
-
-
 def _error(e: proto.ProtocolError) -> JSONResponse:
   return JSONResponse(e.body(), status_code=e.status)
 
@@ -176,23 +172,22 @@ class Service:
     return constraint
 
   def submit(self, choices, loop, queue) -> list[engine_bridge.Submitted]:
-    """Submit every choice (blocking); the engine's refusals as `_Refused`."""
+    """Submit every choice (blocking); the engine's refusals as `ProtocolError`s."""
     try:
       return self.bridge.submit(choices, loop, queue)
     except engine_lib.QueueFull as e:
-      raise _Refused(proto.ProtocolError(
-          f"the server is at capacity: {e}; retry later", status=429, type="rate_limit_error",
-          code="queue_full")) from None
+      raise proto.ProtocolError(f"the server is at capacity: {e}; retry later", status=429,
+                                type="rate_limit_error", code="queue_full") from None
     except engine_lib.EngineClosed as e:
-      raise _Refused(proto.closing_error(str(e))) from None
+      raise proto.closing_error(str(e)) from None
     except (ValueError, TypeError) as e:
       if "does not fit" in str(e) and any("constraint" in c[2] for c in choices):
         # Its size was checked against the whole table: the constraints of requests in
         # flight hold the room, which frees as they end.
-        raise _Refused(proto.ProtocolError(
+        raise proto.ProtocolError(
             f"the server's constraint table is full: {e}; retry later", "response_format",
-            status=429, type="rate_limit_error", code="constraints_full")) from None
-      raise _Refused(proto.ProtocolError(str(e))) from None
+            status=429, type="rate_limit_error", code="constraints_full") from None
+      raise proto.ProtocolError(str(e)) from None
 
   # ------------------------------------------------------------------ answering
 
@@ -349,8 +344,6 @@ class App:
       submitted = await asyncio.to_thread(s.submit, choices, loop, queue)
     except proto.ProtocolError as e:
       return _error(e)
-    except _Refused as e:
-      return _error(e.args[0])
     run = serve_choices.Run(
         submitted, s.tokenizer, s.config.eos_ids + req.sampling.stop_token_ids, s.metrics,
         req.sampling.stop)
