@@ -109,7 +109,7 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
       if n % 5 == 0 and i == 1:
         return  # the connection closes without [DONE] or usage
     usage = {"completion_tokens": k, "prompt_tokens": 3, "total_tokens": k + 3,
-             "jspec": {"target_calls": k // 2, "accepted_drafts": k - k // 2}}
+             "target_calls": k // 2, "accepted_draft_tokens": k - k // 2}
     self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
     self.wfile.write(b"data: [DONE]\n\n")
 
@@ -133,7 +133,7 @@ def test_client_against_a_stand_in_server():
   full = [r for r in records if r.ok and r.output_tokens == 6 and r.target_calls == 3]
   assert len(full) == row["completed"] and row["tau"] == pytest.approx(2.0)
   assert all(r.text == "w0 w1 w2 w3 w4 w5 " and len(r.chunk_times) == 6 for r in full)
-  assert all(r.ttft >= 0 for r in full)
+  assert all(r.ttft >= 0 and r.accepted == 3 for r in full)
   body = _StandIn.bodies[0]
   assert body["ignore_eos"] is True and body["speculate"] is False and body["stream"] is True
   assert body["model"] == "stand-in" and row["rounds_by_k"] == {'k="4"': 15.0}

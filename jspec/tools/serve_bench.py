@@ -158,10 +158,10 @@ async def _one(client, url: str, body: dict, record: RequestRecord, t0: float,
         record.error = "the stream ended before data: [DONE]"
       record.text = "".join(parts)
       record.output_tokens = int(usage["completion_tokens"]) if usage else len(parts)
-      extra = (usage or {}).get("jspec") or usage or {}
-      if "target_calls" in extra:
-        record.target_calls = int(extra["target_calls"])
-        record.accepted = int(extra.get("accepted_drafts", extra.get("accepted", 0)))
+      usage = usage or {}
+      if "target_calls" in usage:  # jspec's usage extension
+        record.target_calls = int(usage["target_calls"])
+        record.accepted = int(usage.get("accepted_draft_tokens", 0))
   except Exception as e:  # a request the server never answered is recorded, not lost
     record.error = f"{type(e).__name__}: {e}"[:300]
     record.end = time.perf_counter() - t0
