@@ -1,0 +1,177 @@
+"""The request-rate experiment against servers on this machine: jspec's and vLLM's, one at a time.
+
+    python benchmarks/serve_load.py --hf /tmp/smollm2-hf --vllm benchmarks/.vllm-venv \
+        [--configs jspec-plain,jspec-ngram4,jspec-auto,vllm-plain,vllm-ngram4] \
+        [--rates 0.25,1,2,4] [--duration 40] [--requests 32] [--workload restate] \
+        [--max-tokens 48] [--out docs/bench/serve]
+
+Each config starts its server on 127.0.0.1 (jspec: `jspec serve` on SmolLM2-135M-Instruct,
+32 slots, every program compiled before the first request; vLLM: `vllm serve` on the same
+weights exported as a Hugging Face folder, f32, 32 sequences, prefix caching off),
+waits for /health, runs `jspec bench serve`'s sweep (jspec/tools/serve_bench.py: Poisson
+arrivals at each rate, the same prompts and gaps for every server, greedy, EOS ignored,
+streamed), stops the server, and writes one run JSON per config into --out. At each rate
+min(--requests, max(12, rate x --duration)) requests are sent. Then one table over all
+configs (tokens/s against the first config's at the same rate), the ratio of jspec's
+"auto" to the better of its plain and fixed-K runs, and a plot.
+
+vLLM needs `benchmarks/vllm_setup.sh` (its own venv) and `jspec convert` + `jspec
+export-hf` of the GGUF (--hf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from jspec.tools import serve_bench
+
+CONFIGS = ("jspec-plain", "jspec-ngram4", "jspec-auto", "vllm-plain", "vllm-ngram4")
+
+
+def _port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _command(config: str, args, port: int) -> tuple[list[str], dict]:
+  env = dict(os.environ)
+  if config.startswith("jspec-"):
+    method = config.split("-", 1)[1]
+    command = [sys.executable, "-m", "jspec.tools.cli", "serve", "--target", "smollm2",
+               "--slots", str(args.slots), "--cache-length", str(args.cache_length),
+               "--port", str(port), "--warmup", "--log-level", "warning"]
+    if method == "plain":
+      command += ["--drafter", "none"]
+    else:
+      command += ["--drafter", "ngram", "--num-draft-tokens",
+                  "auto" if method == "auto" else method.removeprefix("ngram")]
+    return command, env
+  if not args.vllm or not args.hf:
+    raise SystemExit("vLLM configs need --vllm VENV (benchmarks/vllm_setup.sh) and --hf DIR")
+  env.update(VLLM_CPU_OMP_THREADS_BIND=args.vllm_cores, VLLM_CPU_KVCACHE_SPACE="4")
+  command = [os.path.join(args.vllm, "bin", "vllm"), "serve", args.hf, "--dtype", "float32",
+             "--max-num-seqs", str(args.slots), "--max-model-len", str(args.cache_length),
+             "--no-enable-prefix-caching", "--port", str(port), "--host", "127.0.0.1",
+             "--served-model-name", "smollm2"]
+  method = config.split("-", 1)[1]
+  if method != "plain":
+    k = int(method.removeprefix("ngram"))
+    command += ["--speculative-config", json.dumps(
+        {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1})]
+  return command, env
+
+
+def _wait(base: str, server: subprocess.Popen, limit: float) -> None:
+  import httpx
+
+  end = time.time() + limit
+  while time.time() < end:
+    if server.poll() is not None:
+      raise SystemExit(f"the server exited ({server.returncode}) before it was ready")
+    try:
+      if httpx.get(base + "/health", timeout=5).status_code == 200:
+        return
+    except httpx.HTTPError:
+      pass
+    time.sleep(2)
+  raise SystemExit(f"the server was not ready within {limit:.0f} s")
+
+
+def _stop(server: subprocess.Popen) -> None:
+  if server.poll() is None:
+    server.send_signal(signal.SIGINT)
+    try:
+      server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      server.kill()
+      server.wait()
+
+
+def run_config(config: str, args, prompts) -> dict:
+  port = _port()
+  base = f"http://127.0.0.1:{port}"
+  command, env = _command(config, args, port)
+  log = open(os.path.join(args.out, f"{config}.log"), "w")
+  started = time.perf_counter()
+  server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+  try:
+    _wait(base, server, args.ready_timeout)
+    print(f"{config}: ready in {time.perf_counter() - started:.0f} s", flush=True)
+    rows = []
+    for rate in args.rates:
+      count = min(args.requests, max(12, round(rate * args.duration)))
+      rows += serve_bench.sweep(base, [rate], prompts, requests=count, seed=args.seed,
+                                max_tokens=args.max_tokens, model=None,
+                                log=lambda line: print(f"  {config} {line}", flush=True))
+  finally:
+    _stop(server)
+    log.close()
+  return dict(study="serve", label=config, command=command, workload=args.workload,
+              max_tokens=args.max_tokens, seed=args.seed, rows=rows)
+
+
+def auto_against_best(runs: list[dict]) -> list[str]:
+  """Per rate: jspec auto's tokens/s over the better of jspec plain and fixed K."""
+  by = {r["label"]: {row["rate"]: row for row in r["rows"]} for r in runs}
+  if "jspec-auto" not in by:
+    return []
+  fixed = [c for c in by if c.startswith("jspec-") and c != "jspec-auto"]
+  out = []
+  for rate, row in sorted(by["jspec-auto"].items()):
+    best = max((by[c][rate] for c in fixed if rate in by[c]), key=lambda r: r["tokens_per_s"],
+               default=None)
+    if best is not None and best["tokens_per_s"]:
+      plain = by.get("jspec-plain", {}).get(rate)
+      tpot = ""
+      if plain and plain.get("tpot_p99") and row.get("tpot_p99"):
+        tpot = f"; p99 TPOT {row['tpot_p99'] / plain['tpot_p99']:.2f}x plain's"
+      out.append(f"{rate:g} req/s: auto {row['tokens_per_s'] / best['tokens_per_s']:.2f}x the "
+                 f"better of plain and fixed K{tpot}")
+  return out
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--configs", default=",".join(CONFIGS))
+  p.add_argument("--rates", default="0.25,1,2,4")
+  p.add_argument("--duration", type=float, default=40.0)
+  p.add_argument("--requests", type=int, default=32)
+  p.add_argument("--workload", default="restate", help=serve_bench.WORKLOADS_HELP)
+  p.add_argument("--max-tokens", type=int, default=48)
+  p.add_argument("--slots", type=int, default=32)
+  p.add_argument("--cache-length", type=int, default=512)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--hf", default=None, help="the model as a Hugging Face folder (for vLLM)")
+  p.add_argument("--vllm", default=None, help="vLLM's venv")
+  p.add_argument("--vllm-cores", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND")
+  p.add_argument("--ready-timeout", type=float, default=900.0)
+  p.add_argument("--out", default="docs/bench/serve")
+  args = p.parse_args(argv)
+  args.rates = [float(x) for x in args.rates.split(",")]
+  os.makedirs(args.out, exist_ok=True)
+  prompts = serve_bench.workload(args.workload)
+  runs = []
+  for config in args.configs.split(","):
+    run = run_config(config, args, prompts)
+    path = os.path.join(args.out, f"{args.workload}_{config}.json")
+    with open(path, "w") as f:
+      json.dump(run, f, indent=1)
+    runs.append(run)
+  print(serve_bench.table(runs))
+  for line in auto_against_best(runs):
+    print(line)
+  serve_bench.plot(runs, os.path.join(args.out, f"{args.workload}.png"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
