@@ -31,7 +31,7 @@ import numpy as np
 
 import jspec
 from jspec.recipes import answer_windows, answers
-from jspec.recipes.smollm2_eagle3 import _features
+from jspec.recipes.smollm2_eagle3 import layer_features
 from jspec.tools import demo
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     windows = np.zeros((len(rows), -(-max(lengths) // 64) * 64), np.int32)
     for i, r in enumerate(rows):
       windows[i, :len(r)] = r
-    return answer_windows.chunked_features(_features, target, windows, lengths, layers,
+    return answer_windows.chunked_features(layer_features, target, windows, lengths, layers,
                                            progress=False)
 
   base, tokens = plain()  # compiles

@@ -1,6 +1,8 @@
 """The layering docs/architecture.md draws holds, read from the source of every module
-of `jspec/` and `models/` (imports inside functions included; nothing is imported):
+of `jspec/`, `models/` and `benchmarks/` (imports inside functions included; nothing is
+imported):
 
+    benchmarks       anything of jspec (scripts: nothing imports them)
     jspec.recipes    anything
     jspec.tools      all below
     jspec.training   all below
@@ -33,17 +35,31 @@ ALLOWED = {
     "training": {"core", "drafters", "models", "planner", "io"},
     "tools": {"core", "drafters", "models", "planner", "io", "training"},
     "recipes": {"core", "drafters", "models", "planner", "io", "training", "tools"},
+    # Scripts run as `python benchmarks/x.py`, outside the wheel: the top, a leaf.
+    "benchmarks": {"core", "drafters", "models", "planner", "io", "training", "tools",
+                   "recipes"},
 }
+# The import roots the graph follows: jspec's (models/ installs as jspec.models) and the
+# benchmark scripts'.
+ROOTS = ("jspec", "benchmarks")
+
+
+def folder_of(layer: str) -> pathlib.Path:
+  return REPO / {"models": "models", "benchmarks": "benchmarks"}.get(layer, f"jspec/{layer}")
+
+
+def dotted(layer: str, stem: str) -> str:
+  package = "benchmarks" if layer == "benchmarks" else f"jspec.{layer}"
+  return package if stem == "__init__" else f"{package}.{stem}"
 
 
 def all_modules() -> dict[str, pathlib.Path]:
-  """Dotted name -> file, for every module of the installed namespace."""
+  """Dotted name -> file, for every module of the installed namespace and every
+  benchmark script (`benchmarks.capture_cost` for benchmarks/capture_cost.py)."""
   found = {"jspec": REPO / "jspec" / "__init__.py"}
   for layer in ALLOWED:
-    folder = REPO / ("models" if layer == "models" else f"jspec/{layer}")
-    for path in sorted(folder.glob("*.py")):
-      name = f"jspec.{layer}" if path.stem == "__init__" else f"jspec.{layer}.{path.stem}"
-      found[name] = path
+    for path in sorted(folder_of(layer).glob("*.py")):
+      found[dotted(layer, path.stem)] = path
   return found
 
 
@@ -54,13 +70,13 @@ def imports(source: str, package: str, known) -> list[tuple[int, str, tuple[str,
   found, inner = [], set()
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
-      found += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] == "jspec"]
+      found += [(node.lineno, a.name, ()) for a in node.names if a.name.split(".")[0] in ROOTS]
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
       if node.level:
         parts = package.split(".")[:len(package.split(".")) - node.level + 1]
         base = ".".join(parts + ([base] if base else []))
-      if base.split(".")[0] != "jspec":
+      if base.split(".")[0] not in ROOTS:
         continue
       for a in node.names:  # `from jspec.core import decode` imports a module
         sub = f"{base}.{a.name}"
@@ -75,8 +91,8 @@ def imports(source: str, package: str, known) -> list[tuple[int, str, tuple[str,
         chain.append(value.attr)
         inner.add(id(value.value))  # the chain's shorter prefixes are this same use
         value = value.value
-      if isinstance(value, ast.Name) and value.id == "jspec" and chain:
-        found.append((node.lineno, "jspec." + ".".join(reversed(chain)), ()))
+      if isinstance(value, ast.Name) and value.id in ROOTS and chain:
+        found.append((node.lineno, f"{value.id}." + ".".join(reversed(chain)), ()))
   return sorted(found, key=lambda f: f[0])
 
 
@@ -106,6 +122,8 @@ def private_uses(source: str, package: str, known) -> list[tuple[int, str]]:
 
 def layer_of(module: str) -> str | None:
   parts = module.split(".")
+  if parts[0] == "benchmarks":
+    return "benchmarks"
   return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
 
 
@@ -118,30 +136,63 @@ def owner(module: str, known) -> str:
   return module
 
 
+def module_findings(name: str, source: str, package: str, known):
+  """(the modules `name` imports, [(line, problem)]) for one module's source."""
+  edges, problems = set(), []
+  mine = layer_of(name)
+  for line, chain, names in imports(source, package, known):
+    target = owner(chain, known)
+    rest = chain[len(target) + 1:].split(".")[0] if chain != target else ""
+    if rest.startswith("_") and not rest.startswith("__") and target != name:
+      problems.append((line, f"{name} reads the private name {target}.{rest}"))
+    if target == name:
+      continue
+    theirs = layer_of(target)
+    if theirs == "benchmarks":
+      problems.append((line, f"{name} imports the benchmark script {chain}"))
+    elif mine and theirs and theirs != mine and theirs not in ALLOWED[mine]:
+      problems.append((line, f"{name} ({mine}) imports {target} ({theirs})"))
+    if (name != "jspec" and mine != "benchmarks" and target == "jspec"
+        and not set(names) <= {"__version__"}):  # a script may use the public API
+      problems.append((line, f"{name} imports {names} through the top-level jspec"))
+    for n in names:
+      if n.startswith("_") and not n.startswith("__"):
+        problems.append((line, f"{name} imports the private name {target}.{n}"))
+    if target in known and target != "jspec":
+      edges.add(target)
+  for line, used in private_uses(source, package, known):
+    problems.append((line, f"{name} reads the private name {used}"))
+  if mine == "benchmarks":  # `python benchmarks/x.py` puts benchmarks/ on the path
+    for line, script in sibling_imports(source, known):
+      problems.append((line, f"{name} imports the benchmark script {script}"))
+  return edges, sorted(problems)
+
+
 def graph():
   known = all_modules()
   edges: dict[str, set[str]] = {m: set() for m in known}
   problems = []
   for name, path in known.items():
     package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
-    for line, target, names in imports(path.read_text(), package, known):
-      target = owner(target, known)
-      if target == name:
-        continue
-      where = f"{path.relative_to(REPO)}:{line}"
-      mine, theirs = layer_of(name), layer_of(target)
-      if mine and theirs and theirs != mine and theirs not in ALLOWED[mine]:
-        problems.append(f"{where}: {name} ({mine}) imports {target} ({theirs})")
-      if name != "jspec" and target == "jspec" and not set(names) <= {"__version__"}:
-        problems.append(f"{where}: {name} imports {names} through the top-level jspec")
-      for n in names:
-        if n.startswith("_") and not n.startswith("__"):
-          problems.append(f"{where}: {name} imports the private name {target}.{n}")
-      if target in known and target != "jspec":
-        edges[name].add(target)
-    for line, used in private_uses(path.read_text(), package, known):
-      problems.append(f"{path.relative_to(REPO)}:{line}: {name} reads the private name {used}")
+    edges[name], found = module_findings(name, path.read_text(), package, known)
+    problems += [f"{path.relative_to(REPO)}:{line}: {what}" for line, what in found]
   return known, edges, problems
+
+
+def sibling_imports(source: str, known) -> list[tuple[int, str]]:
+  """(line, "benchmarks.x") for each import of a benchmark script by its bare name
+  (`import ngram_bench`, `from ngram_bench import ...`), as one script beside another
+  would write it."""
+  stems = {m.split(".", 1)[1] for m in known if m.startswith("benchmarks.")}
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, f"benchmarks.{a.name}") for a in node.names
+                if a.name.split(".")[0] in stems]
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      if node.module.split(".")[0] in stems:
+        found.append((node.lineno, f"benchmarks.{node.module}"))
+  return found
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -198,14 +249,55 @@ def test_the_check_sees_every_way_in():
   assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_check_sees_benchmarks():
+  """The benchmark scripts are in the graph at the top: a planted private name read by a
+  script, a planted import of a script (from jspec, or from a script beside it, by its bare
+  name or through `benchmarks.`) and a planted private attribute chain are found."""
+  known = {"jspec", "jspec.recipes", "jspec.recipes.smollm2_eagle3", "jspec.tools",
+           "jspec.tools.demo", "benchmarks.capture_cost", "benchmarks.ngram_bench"}
+  src = ("import jspec\nfrom jspec.recipes.smollm2_eagle3 import _features\n"
+         "from jspec.tools import demo\nx = demo._path() + jspec.tools.demo._y\n"
+         "import benchmarks.ngram_bench\nimport ngram_bench\nfrom ngram_bench import run\n"
+         "jspec.generate\n")
+  found = imports(src, "benchmarks", known)
+  assert [(line, owner(m, known), n) for line, m, n in found] == [
+      (1, "jspec", ()), (2, "jspec.recipes.smollm2_eagle3", ("_features",)),
+      (3, "jspec.tools.demo", ()), (4, "jspec.tools.demo", ()),
+      (5, "benchmarks.ngram_bench", ()), (8, "jspec", ())]
+  assert found[3][1] == "jspec.tools.demo._y"
+  assert private_uses(src, "benchmarks", known) == [(4, "jspec.tools.demo._path")]
+  assert sibling_imports(src, known) == [(6, "benchmarks.ngram_bench"),
+                                         (7, "benchmarks.ngram_bench")]
+  edges, problems = module_findings("benchmarks.capture_cost", src, "benchmarks", known)
+  assert edges == {"jspec.recipes.smollm2_eagle3", "jspec.tools.demo", "benchmarks.ngram_bench"}
+  assert problems == [
+      (2, "benchmarks.capture_cost imports the private name "
+          "jspec.recipes.smollm2_eagle3._features"),
+      (4, "benchmarks.capture_cost reads the private name jspec.tools.demo._path"),
+      (4, "benchmarks.capture_cost reads the private name jspec.tools.demo._y"),
+      (5, "benchmarks.capture_cost imports the benchmark script benchmarks.ngram_bench"),
+      (6, "benchmarks.capture_cost imports the benchmark script benchmarks.ngram_bench"),
+      (7, "benchmarks.capture_cost imports the benchmark script benchmarks.ngram_bench")]
+  _, problems = module_findings("jspec.tools.demo", "import benchmarks.capture_cost\n",
+                                "jspec.tools", known)
+  assert problems == [(1, "jspec.tools.demo imports the benchmark script "
+                          "benchmarks.capture_cost")]
+  assert layer_of("benchmarks.capture_cost") == "benchmarks"
+  assert set(ALLOWED["benchmarks"]) == set(ALLOWED) - {"benchmarks"}
+  assert not any("benchmarks" in allowed for layer, allowed in ALLOWED.items())
+
+
 def test_every_module_is_in_a_layer():
-  """Every Python file of jspec/ and models/ is in the graph, and every layer has modules."""
+  """Every Python file of jspec/, models/ and benchmarks/ is in the graph, and every layer
+  has modules."""
   known = all_modules()
-  files = {p for p in (REPO / "jspec").rglob("*.py")} | set((REPO / "models").glob("*.py"))
+  files = ({p for p in (REPO / "jspec").rglob("*.py")} | set((REPO / "models").glob("*.py"))
+           | set((REPO / "benchmarks").glob("*.py")))
   assert files == set(known.values())
   assert {layer_of(m) for m in known} - {None} == set(ALLOWED)
   assert {"jspec.core.decode", "jspec.planner.api", "jspec.models.transformer",
-          "jspec.training.trainer", "jspec.recipes.smollm2"} <= set(known)
+          "jspec.training.trainer", "jspec.recipes.smollm2",
+          "benchmarks.capture_cost"} <= set(known)
 
 
 def test_no_upward_import_no_private_names():
@@ -301,9 +393,26 @@ def module_attributes(source: str, package: str, known) -> list[tuple[int, str, 
           and node.value.id in aliases]
 
 
+def from_imports(source: str, package: str, known) -> list[tuple[int, str, str]]:
+  """(line, module, name) for each `from module import name` of a jspec module that takes a
+  name (not a submodule) from it."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      if base in known:
+        found += [(node.lineno, base, a.name) for a in node.names
+                  if a.name != "*" and f"{base}.{a.name}" not in known]
+  return found
+
+
 def test_every_name_read_through_a_module_exists():
   """`bench_timing.row(...)` after `row` was renamed fails only when that line runs: every
-  `module.name` in jspec/, models/ and tests/ is checked here against the module."""
+  `module.name` and every `from module import name` in jspec/, models/, benchmarks/ and
+  tests/ is checked here against the module."""
   import importlib
   known = all_modules()
   files = dict(known)
@@ -311,10 +420,19 @@ def test_every_name_read_through_a_module_exists():
   missing = []
   for name, path in files.items():
     package = name if path.stem == "__init__" else name.rsplit(".", 1)[0]
-    for line, module, attr in module_attributes(path.read_text(), package, known):
+    source = path.read_text()
+    for line, module, attr in (module_attributes(source, package, known)
+                               + from_imports(source, package, known)):
+      if layer_of(module) == "benchmarks":
+        continue  # nothing imports a script (test_no_upward_import_no_private_names)
       if not hasattr(importlib.import_module(module), attr):
         missing.append(f"{path.relative_to(REPO)}:{line}: {module}.{attr}")
   assert not missing, "\n".join(missing)
   assert module_attributes("from jspec.tools import bench_timing as t\nt.gone(1)\n",
                            "x", {"jspec.tools.bench_timing"}) == [
                                (2, "jspec.tools.bench_timing", "gone")]
+  assert from_imports("from jspec.tools import bench_timing\nfrom jspec.tools.demo import "
+                      "gone, smollm2_path as p\nfrom . import x\n", "jspec.tools",
+                      {"jspec.tools", "jspec.tools.bench_timing", "jspec.tools.demo"}) == [
+                          (2, "jspec.tools.demo", "gone"), (2, "jspec.tools.demo", "smollm2_path"),
+                          (3, "jspec.tools", "x")]
