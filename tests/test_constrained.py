@@ -11,6 +11,7 @@ import pytest
 
 import jspec
 from conftest import ragged_prompts, tiny_config
+from jspec.planner import engine as engine_lib
 from reference import assert_counts_match, chi_square_ok, processed_probs
 
 EOS = 63
@@ -259,7 +260,7 @@ def test_constraints_per_request_through_the_engine(target, close_draft, regex, 
     outs = [h.result(timeout=300) for h in handles]
     third = jspec.Constraint.from_regex("[0-9]+", VOCAB, eos_ids=[EOS])
     held = engine.submit(prompts[0], max_new_tokens=40, constraint=regex)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(engine_lib.ConstraintsFull, match="does not fit"):
       engine.submit(prompts[1], max_new_tokens=4, constraint=schema)  # fits: reused
       engine.submit(prompts[1], max_new_tokens=4, constraint=third)
     held.result(timeout=300)

@@ -333,6 +333,19 @@ def test_a_request_without_speculation(server, model, greedy):
   assert one.usage.model_extra["target_calls"] >= one.usage.completion_tokens / 2
 
 
+def test_ignore_eos_runs_to_max_tokens(server, model):
+  """ignore_eos: true (vLLM's field): EOS does not end the answer, which equals
+  `jspec.generate` without EOS ids, max_tokens long, finish reason "length"."""
+  ids = model.tokenizer.encode(PROMPTS[2])[0]
+  r = server.client().completions.create(
+      model="code-target", prompt=ids, max_tokens=24, temperature=0,
+      extra_body={"ignore_eos": True, "return_token_ids": True})
+  want = np.asarray(jspec.generate(model, [ids], max_new_tokens=24, eos_id=()).tokens)
+  got = r.choices[0].token_ids
+  assert len(got) == 24 and r.choices[0].finish_reason == "length"
+  assert_greedy_match(model, [list(ids)], want, np.asarray([got]))
+
+
 def test_models_health_and_metrics(server):
   """/v1/models lists the served model, /health says ok, /metrics is Prometheus text with
   the documented names and counts that follow the requests."""

@@ -34,6 +34,11 @@ class _Entry:
   users: int = 0
 
 
+class ConstraintsFull(ValueError):
+  """A new constraint does not fit beside the constraints of requests in flight (their
+  room frees as they end)."""
+
+
 class ConstraintPool:
   """Q automaton states over V ids; not thread-safe (the Engine holds its lock)."""
 
@@ -62,7 +67,7 @@ class ConstraintPool:
       offset = self._room(q)
       if offset is None:
         in_use = sum(e.size for e in self._entries.values() if e.users)
-        raise ValueError(f"a constraint of {q} automaton states does not fit: this engine "
+        raise ConstraintsFull(f"a constraint of {q} automaton states does not fit: this engine "
                          f"holds {self.capacity} (Engine(constraints=...)), {in_use} of them "
                          f"used by requests waiting or decoding")
       table = np.asarray(constraint.next_state)

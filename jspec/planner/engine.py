@@ -38,7 +38,7 @@ from jspec.core import slots as slots_lib
 from jspec.core.constraint import Constraint
 from jspec.core.model import Model
 from jspec.planner import inputs, placement, plan
-from jspec.planner.constraint_pool import ConstraintPool
+from jspec.planner.constraint_pool import ConstraintPool, ConstraintsFull  # submit raises it
 
 
 SHRINK_AFTER = 4  # runs in a row with the load in a smaller bucket before moving to it

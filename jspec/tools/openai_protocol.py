@@ -10,8 +10,8 @@ status; `error_body` is the shape every OpenAI client reads:
 
 Fields follow OpenAI's names and defaults (temperature 1, top_p 1, n 1, max_tokens 16
 for completions and "all that fits" for chat). jspec's extensions beside them: top_k,
-min_p, repetition_penalty (vLLM's names), stop_token_ids, speculate, max_draft_tokens and
-return_token_ids. Fields that OpenAI defines and this server does not do (tools, echo,
+min_p, repetition_penalty, ignore_eos (vLLM's names), stop_token_ids, speculate,
+max_draft_tokens and return_token_ids. Fields that OpenAI defines and this server does not do (tools, echo,
 best_of > n, suffix) are refused by name rather than ignored, since ignoring them would
 answer a different question than the one asked.
 """
@@ -90,6 +90,7 @@ class Sampling:
   speculate: bool = True
   max_draft_tokens: int | None = None
   logprobs: int | None = None  # None: no logprobs; k: each token's and its top k
+  ignore_eos: bool = False  # EOS does not end the answer (load generators' fixed lengths)
 
   def engine_kwargs(self, choice: int, max_new_tokens: int) -> dict:
     """`Engine.submit`'s keywords for choice `choice` (seed + choice when seeded)."""
@@ -101,7 +102,7 @@ class Sampling:
                 logit_bias=None if self.logit_bias is None else dict(self.logit_bias),
                 seed=None if self.seed is None else self.seed + choice,
                 stop_ids=list(self.stop_token_ids), speculate=self.speculate,
-                max_draft_tokens=self.max_draft_tokens)
+                max_draft_tokens=self.max_draft_tokens, ignore_eos=self.ignore_eos)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +312,8 @@ def _sampling(body, limits: Limits, max_tokens, logprobs) -> Sampling:
       n=_integer(body, "n", 1, low=1, high=MAX_N),
       speculate=_boolean(body, "speculate", True),
       max_draft_tokens=_integer(body, "max_draft_tokens", None, low=0),
-      logprobs=logprobs)
+      logprobs=logprobs,
+      ignore_eos=_boolean(body, "ignore_eos", False))
 
 
 def _object(body) -> dict:

@@ -180,13 +180,13 @@ class Service:
                                 type="rate_limit_error", code="queue_full") from None
     except engine_lib.EngineClosed as e:
       raise proto.closing_error(str(e)) from None
+    except engine_lib.ConstraintsFull as e:
+      # Its size was checked against the whole table: the constraints of requests in
+      # flight hold the room, which frees as they end.
+      raise proto.ProtocolError(
+          f"the server's constraint table is full: {e}; retry later", "response_format",
+          status=429, type="rate_limit_error", code="constraints_full") from None
     except (ValueError, TypeError) as e:
-      if "does not fit" in str(e) and any("constraint" in c[2] for c in choices):
-        # Its size was checked against the whole table: the constraints of requests in
-        # flight hold the room, which frees as they end.
-        raise proto.ProtocolError(
-            f"the server's constraint table is full: {e}; retry later", "response_format",
-            status=429, type="rate_limit_error", code="constraints_full") from None
       raise proto.ProtocolError(str(e)) from None
 
   # ------------------------------------------------------------------ answering
