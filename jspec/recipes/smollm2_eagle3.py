@@ -340,9 +340,9 @@ def data_summary(args, data, train_rows, n: int) -> dict:
             "train split (jspec.training.corpus), the target's own answers (3/4 greedy, "
             "1/4 T = 0.8)", "answer_tokens": int(data["answer_lengths"].sum()),
             "window": args.window}
-  from jspec.recipes import answers
+  from jspec.recipes import answer_store
 
-  totals = answers.read_manifest(args.answers)["totals"]
+  totals = answer_store.read_manifest(args.answers)["totals"]
   kinds, counts = np.unique(data["kinds"][train_rows], return_counts=True)
   return {"source": f"answer store {os.path.normpath(args.answers)} (jspec.recipes.answers: "
           "the target's own answers, half greedy, half T = 0.8, to local prompts; evaluation "
