@@ -6,7 +6,7 @@
         [--max-tokens 48] [--out docs/bench/serve]
 
 Each config starts its server on 127.0.0.1 (jspec: `jspec serve` on SmolLM2-135M-Instruct,
-32 slots, every program compiled before the first request; vLLM: `vllm serve` on the same
+32 slots, every program compiled before the first request; vLLM: its OpenAI server on the same
 weights exported as a Hugging Face folder, f32, 32 sequences, prefix caching off),
 waits for /health, runs `jspec bench serve`'s sweep (jspec/tools/serve_bench.py: Poisson
 arrivals at each rate, the same prompts and gaps for every server, greedy, EOS ignored,
@@ -57,7 +57,10 @@ def _command(config: str, args, port: int) -> tuple[list[str], dict]:
   if not args.vllm or not args.hf:
     raise SystemExit("vLLM configs need --vllm VENV (benchmarks/vllm_setup.sh) and --hf DIR")
   env.update(VLLM_CPU_OMP_THREADS_BIND=args.vllm_cores, VLLM_CPU_KVCACHE_SPACE="4")
-  command = [os.path.join(args.vllm, "bin", "vllm"), "serve", args.hf, "--dtype", "float32",
+  # The module, not the `vllm` script: the script reads the version of a package named
+  # "vllm", and the CPU build is installed as "vllm-cpu".
+  command = [os.path.join(args.vllm, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server",
+             "--model", args.hf, "--dtype", "float32",
              "--max-num-seqs", str(args.slots), "--max-model-len", str(args.cache_length),
              "--no-enable-prefix-caching", "--port", str(port), "--host", "127.0.0.1",
              "--served-model-name", "smollm2"]
