@@ -54,12 +54,16 @@ def test_prometheus_counters():
   assert sb.counters(text, "jspec_rounds_by_k_total") == {'k="0"': 12.0, 'k="4"': 30.0}
 
 
-def test_jsonl_workload(tmp_path):
+def test_file_workloads(tmp_path):
   path = tmp_path / "w.jsonl"
   path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "yo"}]}\n')
-  assert sb.workload(f"jsonl:{path}") == [{"prompt": "hi"},
-                                          {"messages": [{"role": "user", "content": "yo"}]}]
-  path.write_text('{"text": "no"}\n')
+  assert sb.workload(f"jsonl:{path}") == [
+      {"messages": [{"role": "user", "content": "hi"}]},
+      {"messages": [{"role": "user", "content": "yo"}]}]
+  text = tmp_path / "t.jsonl"
+  text.write_text('{"prompt": "def f("}\n')
+  assert sb.workload(f"text:{text}") == [{"prompt": "def f("}]
+  path.write_text('{"x": 1}\n')
   with pytest.raises(ValueError, match="w.jsonl:1"):
     sb.workload(f"jsonl:{path}")
   with pytest.raises(ValueError, match="unknown workload"):

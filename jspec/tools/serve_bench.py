@@ -32,8 +32,8 @@ import numpy as np
 WORKLOADS_HELP = ("restate | explain | question | free (explain + question) | chat (all "
                   "three): the held-out chat prompts of that kind; spec-bench[:FILE] / "
                   "mt-bench: first turns of Spec-Bench's (or MT-Bench's) questions; "
-                  "jsonl:PATH: one object per line with \"messages\" (chat) or \"prompt\" "
-                  "(text)")
+                  "jsonl:PATH: conversations (as `jspec measure --chat` reads them); "
+                  "text:PATH: text prompts sent as completions (as `jspec measure` reads them)")
 
 
 @dataclasses.dataclass
@@ -86,26 +86,14 @@ def workload(name: str) -> list[dict]:
     path = name.split(":", 1)[1] if ":" in name else suite.default_questions()
     return [{"messages": [{"role": "user", "content": q.turns[0]}]}
             for q in suite.read_questions(path)]
-  if name.startswith("jsonl:"):
-    path = name.split(":", 1)[1]
-    rows = []
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except ValueError as e:
-          raise ValueError(f"{path}:{n}: not JSON: {e}") from None
-        if isinstance(row, dict) and isinstance(row.get("messages"), list):
-          rows.append({"messages": row["messages"]})
-        elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
-          rows.append({"prompt": row["prompt"]})
-        else:
-          raise ValueError(f"{path}:{n}: expected an object with \"messages\" or \"prompt\"")
-    if not rows:
-      raise ValueError(f"{path}: no prompts")
-    return rows
+  if name.startswith(("jsonl:", "chat:")):  # conversations, through the chat template
+    from jspec.tools import measure
+
+    return [{"messages": m} for m in measure.read_chat_prompts(name.split(":", 1)[1])]
+  if name.startswith("text:"):  # text prompts, as completions
+    from jspec.tools import measure
+
+    return [{"prompt": p} for p in measure.read_prompts(name.split(":", 1)[1])]
   raise ValueError(f"unknown workload {name!r}: {WORKLOADS_HELP}")
 
 
