@@ -71,8 +71,9 @@ def test_cancel_full_queue_and_bad_input(target):
   """Cancelling a waiting and a decoding request, a full queue, and bad input: clear
   errors before any tracing; every request is answered, refused or cancelled."""
   idle = jspec.Engine(target, slots=1, cache_length=96, max_queue=2, start=False)
-  waiting = [idle.submit([4], max_new_tokens=5), idle.submit([6], max_new_tokens=5)]
-  with pytest.raises(engine_lib.QueueFull, match="max_queue=2"):
+  # The free slot takes one, two may wait for it: the fourth is refused.
+  waiting = [idle.submit([p], max_new_tokens=5) for p in (4, 6, 8)]
+  with pytest.raises(engine_lib.QueueFull, match="2 requests already wait.*max_queue=2"):
     idle.submit([7], max_new_tokens=5)
   assert waiting[1].cancel() and not waiting[1].cancel()
   assert waiting[1].result(timeout=1).finish_reason == "cancelled"

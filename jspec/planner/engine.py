@@ -101,6 +101,7 @@ class Handle:
     # saw token i finds its entries at i.
     self.logprobs: list[float] = []
     self.top_logprobs: list[list[tuple[int, float]]] = []
+    self._listeners: list = []
     self._cond = threading.Condition()
     self._output: RequestOutput | None = None
     self._error: BaseException | None = None
@@ -121,6 +122,26 @@ class Handle:
     if self._error is not None:
       raise self._error
     return self._output
+
+  def on_update(self, listener) -> None:
+    """Call `listener()` (no arguments) whenever tokens arrive or the request ends, and
+    once now; then `read` says what is new. It runs on the engine's worker thread: it
+    must return at once (an event loop's `call_soon_threadsafe`, a queue put), so that
+    thousands of requests in flight need no thread each."""
+    with self._cond:
+      self._listeners.append(listener)
+    listener()
+
+  def read(self, start: int = 0):
+    """(tokens[start:], their logprobs, their top lists, output or None, error or None),
+    one consistent view: the output or error is set once every token is in."""
+    with self._cond:
+      return (self._tokens[start:], self.logprobs[start:], self.top_logprobs[start:],
+              self._output, self._error)
+
+  def _notify(self):
+    for listener in list(self._listeners):
+      listener()
 
   def __iter__(self):
     """The new tokens, each as soon as it reaches the host."""
@@ -159,6 +180,7 @@ class Handle:
       self._tokens.extend(kept)
       self._times.extend([now - self._submitted] * len(kept))
       self._cond.notify_all()
+    self._notify()
     return stopped
 
   def _finish(self, reason: str, stats=None):
@@ -177,11 +199,13 @@ class Handle:
                         if self._engine.logprobs is not None and self._engine.logprobs.top
                         else None))
       self._cond.notify_all()
+    self._notify()
 
   def _fail(self, error: BaseException):
     with self._cond:
       self._error = error
       self._cond.notify_all()
+    self._notify()
 
 
 @dataclasses.dataclass
@@ -295,7 +319,8 @@ class Engine:
       moving the rows when the load crosses one: a lone request decodes at batch 1.
     cache_length: slots of cache per row: a request needs its prompt + max_new_tokens +
       a verify block. Rounds read the cache up to the longest live row only.
-    max_queue: requests that may wait for a slot; `submit` raises `QueueFull` beyond.
+    max_queue: requests that may wait for a slot (beyond those the free slots take at
+      the worker's next step); `submit` raises `QueueFull` past it.
     rounds: R, the rounds of each run between host visits (streaming granularity).
     eos_id: the EOS ids every request stops at (None: the model's).
     buckets: the batch sizes the engine may run at (each compiles its programs once).
@@ -478,8 +503,11 @@ class Engine:
         raise EngineClosed("the engine is closed")
       if self._error is not None:
         raise EngineClosed(f"the engine stopped on an error: {self._error!r}")
-      if len(self._pending) >= self.max_queue:
-        raise QueueFull(f"{len(self._pending)} requests already wait for a slot "
+      # Requests that free slots will take at the worker's next step are not waiting for
+      # one: a burst into an idle engine is not refused for the worker being busy.
+      waiting = len(self._pending) - (self.slots - self.active)
+      if waiting >= self.max_queue:
+        raise QueueFull(f"{waiting} requests already wait for a slot "
                         f"(max_queue={self.max_queue})")
       start = 0 if constraint is None else self._pool.acquire(constraint)
       self._pending.append(_Pending(handle, queue, start))

@@ -1,12 +1,12 @@
 """From the server's event loop to `jspec.Engine` and back.
 
-`Engine.submit` and a `Handle`'s token iterator block (the engine's worker thread hands
-tokens over under a condition variable), and the server answers many requests on one
-asyncio loop. So each submitted choice gets a pump thread that iterates its handle and
-posts every token, then the result, onto the request's asyncio queue with
-`call_soon_threadsafe`; the loop never waits on the engine. A pump ends when its
-request does (finished, stopped, cancelled, or failed with the engine), and every
-request ends: the engine answers, cancels, or fails each one it accepted.
+`Engine.submit` blocks briefly (checks and placement on the host), and the engine's worker
+thread hands tokens over. Each submitted choice registers a listener on its handle
+(`Handle.on_update`): the worker thread only schedules a drain on the event loop
+(`call_soon_threadsafe`), and the drain, on the loop, reads what is new (`Handle.read`) and
+posts it onto the request's asyncio queue. No thread per request, and the loop never waits
+on the engine. Every request ends: the engine answers, cancels, or fails each one it
+accepted, and its listener hears it.
 
 Events on the queue, as tuples:
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 
 from jspec.planner import engine as engine_lib
 
@@ -44,7 +43,7 @@ class Bridge:
   def submit(self, choices, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue
              ) -> list[Submitted]:
     """Submit every (index, prompt ids, `Engine.submit` keywords) of `choices`, in order,
-    and start their pumps. All or none: when one is refused (`QueueFull`, `EngineClosed`,
+    and listen to them. All or none: when one is refused (`QueueFull`, `EngineClosed`,
     bad input) the ones already in are cancelled and the error is raised. Blocks briefly
     (checking and placing each request on the host): call it off the event loop."""
     done: list[Submitted] = []
@@ -57,33 +56,37 @@ class Bridge:
         s.handle.cancel()
       raise
     for s in done:
-      threading.Thread(target=self._pump, args=(s, loop, queue), daemon=True,
-                       name=f"jspec-serve-{s.handle.id}").start()
+      self._listen(s, loop, queue)
     return done
 
-  def _pump(self, s: Submitted, loop, queue) -> None:
-    def post(event) -> bool:
+  def _listen(self, s: Submitted, loop, queue) -> None:
+    seen = 0  # tokens posted so far
+    finished = False
+
+    def drain():  # on the event loop
+      nonlocal seen, finished
+      if finished:
+        return
+      tokens, logprobs, tops, output, error = s.handle.read(seen)
+      for j, token in enumerate(tokens):
+        self._metrics.tokens(1)
+        logprob = top = None
+        if self._logprobs and j < len(logprobs):
+          logprob = float(logprobs[j])
+          top = [(int(t), float(lp)) for t, lp in tops[j]] if j < len(tops) else []
+        queue.put_nowait(("token", s.index, int(token), logprob, top))
+      seen += len(tokens)
+      if error is not None:
+        finished = True
+        queue.put_nowait(("error", s.index, error))
+      elif output is not None:
+        finished = True
+        queue.put_nowait(("done", s.index, output))
+
+    def listener():  # on the engine's worker thread: schedule, never wait
       try:
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-        return True
+        loop.call_soon_threadsafe(drain)
       except RuntimeError:  # the loop has closed: the server is gone, nobody listens
         s.handle.cancel()
-        return False
 
-    try:
-      for i, token in enumerate(s.handle):
-        self._metrics.tokens(1)
-        logprob, top = self._logprob_of(s.handle, i)
-        if not post(("token", s.index, int(token), logprob, top)):
-          return
-      post(("done", s.index, s.handle.result()))
-    except BaseException as e:  # the engine failed: the request hears why
-      post(("error", s.index, e))
-
-  def _logprob_of(self, handle, i: int):
-    if not self._logprobs:
-      return None, None
-    # The engine appends a token's logprob and alternatives with the token itself (no
-    # alternatives when it was built with logprobs=0).
-    top = handle.top_logprobs[i] if i < len(handle.top_logprobs) else []
-    return float(handle.logprobs[i]), [(int(t), float(lp)) for t, lp in top]
+    s.handle.on_update(listener)
