@@ -63,6 +63,25 @@ def _eagle3_tensors(prefix, rng, draft_ids, qk_norm=False, scale=0.3):
   return t
 
 
+def _later_layer_tensors(prefix, rng, qk_norm=False, scale=0.3):
+  """A decoder layer after the first (speculators' `layers.i.*`, i >= 1): D wide, its own
+  input norm, no hidden_norm."""
+  n = lambda *s: (scale * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+  one = lambda *s: (1 + 0.1 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
+  t = {prefix + "input_layernorm.weight": one(D),
+       prefix + "self_attn.q_proj.weight": n(H * DH, D),
+       prefix + "self_attn.k_proj.weight": n(HKV * DH, D),
+       prefix + "self_attn.v_proj.weight": n(HKV * DH, D),
+       prefix + "self_attn.o_proj.weight": n(D, H * DH),
+       prefix + "post_attention_layernorm.weight": one(D),
+       prefix + "mlp.gate_proj.weight": n(F, D), prefix + "mlp.up_proj.weight": n(F, D),
+       prefix + "mlp.down_proj.weight": n(D, F)}
+  if qk_norm:
+    t[prefix + "self_attn.q_norm.weight"] = one(DH)
+    t[prefix + "self_attn.k_norm.weight"] = one(DH)
+  return t
+
+
 def _write(path, config, tensors, file="model.safetensors"):
   os.makedirs(path, exist_ok=True)
   T.write_safetensors(os.path.join(path, file), tensors)
@@ -83,12 +102,27 @@ def specforge_dir(path, seed=0, layers=(0, 1, 1), **cfg_extra):
   return _write(path, cfg, _eagle3_tensors("midlayer.", _rng(seed), DRAFT_IDS))
 
 
-def speculators_dir(path, seed=1, layers=(1, 2, 2), qwen3=True, **cfg_extra):
-  layer = {"model_type": "qwen3" if qwen3 else "llama", **_llama_fields(num_hidden_layers=1)}
+def speculators_dir(path, seed=1, layers=(1, 2, 2), qwen3=True, num_layers=1, layer_extra=None,
+                    **cfg_extra):
+  """A speculators EAGLE-3 folder; num_layers > 1 adds ordinary layers `layers.1.*` ...,
+  layer_extra goes into transformer_layer_config (sliding windows), and the config flags
+  norm_before_fc / fc_norm (in cfg_extra) add their norms' tensors."""
+  layer = {"model_type": "qwen3" if qwen3 else "llama",
+           **_llama_fields(num_hidden_layers=num_layers), **(layer_extra or {})}
   cfg = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
          "transformer_layer_config": layer, "draft_vocab_size": len(DRAFT_IDS),
          "norm_before_residual": True, "eagle_aux_hidden_state_layer_ids": layers, **cfg_extra}
-  return _write(path, cfg, _eagle3_tensors("layers.0.", _rng(seed), DRAFT_IDS, qk_norm=qwen3))
+  rng = _rng(seed)
+  tensors = _eagle3_tensors("layers.0.", rng, DRAFT_IDS, qk_norm=qwen3)
+  for i in range(1, num_layers):
+    tensors.update(_later_layer_tensors(f"layers.{i}.", rng, qk_norm=qwen3))
+  n = len(layers) if layers is not None else 3
+  if cfg_extra.get("norm_before_fc"):
+    tensors["input_norm.weight"] = (1 + 0.1 * rng.standard_normal(n * D)).astype(np.float32)
+  if cfg_extra.get("fc_norm"):
+    for i in range(n):
+      tensors[f"fc_norm.{i}.weight"] = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+  return _write(path, cfg, tensors)
 
 
 def eagle1_dir(path, seed=2):
@@ -265,6 +299,43 @@ def test_export_round_trips(target, tmp_path):
         np.testing.assert_array_equal(back.rows, head.rows)
 
 
+def test_speculators_options_load_and_export(target, tmp_path):
+  """speculators' Eagle3DraftModel options: more decoder layers, norm_before_fc, fc_norm,
+  norm_output and sliding-window layers (Llama's layer_types with sliding_window; Qwen3's only
+  under use_sliding_window, with layer_types by default from max_window_layers on) load into
+  the head's config, export back to the same config and tensors, and SpecForge's layout,
+  which holds none of them, refuses them."""
+  full, sliding = "full_attention", "sliding_attention"
+  cases = {
+      "llama": (dict(qwen3=False, norm_before_residual=False, num_layers=3, fc_norm=True,
+                     norm_output=True,
+                     layer_extra={"layer_types": [full, sliding, sliding], "sliding_window": 5}),
+                dict(num_layers=3, fc_norm=True, norm_output=True, sliding_window=5,
+                     window_layers=(1, 2))),
+      "qwen3 off": (dict(num_layers=2, norm_before_fc=True,
+                         layer_extra={"layer_types": [sliding, sliding], "sliding_window": 5}),
+                    dict(num_layers=2, norm_before_fc=True, sliding_window=None,
+                         window_layers=())),
+      "qwen3 on": (dict(num_layers=3, layer_extra={"use_sliding_window": True,
+                                                   "sliding_window": 6, "max_window_layers": 1}),
+                   dict(num_layers=3, sliding_window=6, window_layers=(1, 2))),
+  }
+  for name, (written, want) in cases.items():
+    folder = tmp_path / name.replace(" ", "-")
+    head = jspec.load_drafter(speculators_dir(folder, **written), target)
+    assert {k: getattr(head.config, k) for k in want} == want, name
+    out = PD.export_drafter(head, tmp_path / f"out-{folder.name}", "speculators")
+    with open(os.path.join(out, "config.json")) as f:
+      layer = json.load(f)["transformer_layer_config"]
+    assert layer["num_hidden_layers"] == want["num_layers"]
+    back = jspec.load_drafter(out, target)
+    assert back.config == head.config, name
+    jax.tree_util.tree_map(np.testing.assert_array_equal, back.params, head.params)
+    if name == "llama":  # else refused already for its q/k norms and residual
+      with pytest.raises(ValueError, match=r"decoder layers.*--format speculators writes it"):
+        PD.export_drafter(head, tmp_path / f"sf-{folder.name}", "specforge")
+
+
 def test_jspec_heads_export_when_their_layer_is_a_published_one(target, tmp_path):
   """A jspec EAGLE-3 head of the published layer form (input_form 'concat', reduced vocab)
   exports; jspec's own fc form is refused with a message that says how to train one."""
@@ -338,6 +409,18 @@ def test_bad_input_is_a_clear_error(target, tmp_path):
   d = speculators_dir(tmp_path / "auxL", layers=(1, 2, 3))  # id 3 = L: after the final norm
   with pytest.raises(ValueError, match=r"ids must lie in \[1, 2\].*final hidden state after "
                                        r"the norm"):
+    jspec.load_drafter(d, target)
+  d = speculators_dir(tmp_path / "types", num_layers=2,
+                      layer_extra={"layer_types": ["chunked_attention", "full_attention"]})
+  with pytest.raises(ValueError, match=r"layer_types \['chunked_attention'\] are not attention "
+                                       r"kinds jspec reads"):
+    jspec.load_drafter(d, target)
+  d = speculators_dir(tmp_path / "later", num_layers=3)
+  _edit_tensors(d, layers__2__input_layernorm__weight=None)
+  with pytest.raises(ValueError, match=r"tensor layers.2.input_layernorm.weight is missing"):
+    jspec.load_drafter(d, target)
+  d = speculators_dir(tmp_path / "norms", norm_before_fc=True, fc_norm=True)
+  with pytest.raises(ValueError, match=r"norm_before_fc and fc_norm exclude each other"):
     jspec.load_drafter(d, target)
   d = specforge_dir(tmp_path / "d2t")
   d2t = (np.asarray(DRAFT_IDS) - np.arange(len(DRAFT_IDS))).astype(np.int64)

@@ -7,7 +7,9 @@ within 1e-4 of the logit scale and the same drafted ids, teacher-forced and over
 steps (jspec's cached `propose` against the reference layer rerun on the growing sequence).
 Then jspec exports the head and the reference loads it back: the same comparison. The aux-layer
 convention is checked on its own: jspec's features for the head's layers equal the Hugging Face
-`hidden_states` entries each layout names.
+`hidden_states` entries each layout names. speculators' EAGLE-3 options (more decoder layers,
+norm_before_fc, fc_norm, norm_output, sliding-window layers) are each compared that way and
+against the reference's own training forward as well.
 
     python -m pytest -q -p no:xdist -m slow tests/test_drafter_parity.py -s   # prints its rows
 """
@@ -189,12 +191,37 @@ def _check_eagle(torch, key, eagle, target, tokens, layer_fn, head_fn, to_target
 
 
 def _speculators_fns(torch, m):
+  """speculators' Eagle3DraftModel as vLLM runs it on a sequence: fuse (its input_norm or
+  fc_norm, then fc), every decoder layer (the window layers under the reference's own
+  sliding-window mask), the final norm fed back under norm_output, else before the LM head."""
+  from speculators.models.attention import create_float_mask
+  from speculators.models.eagle3.attention import create_combined_mask_mod
+
+  def window_mask(n):
+    mod = create_combined_mask_mod(torch.zeros(n, dtype=torch.long), n,
+                                   sliding_window=m.sliding_window)
+    return create_float_mask(mod, Q_LEN=n, KV_LEN=n, device="cpu", dtype=torch.float32)
+
   def layer_fn(ids, hidden, mask, pos):
     x = torch.cat([m.embed_tokens(ids), hidden], dim=-1)
-    return m.layers[0](x, attention_mask=mask, position_ids=pos,
-                       position_embeddings=m.rotary_emb(x, pos))
+    embeddings = m.rotary_emb(x, pos)
+    windowed = window_mask(ids.shape[1]) if m.uses_sliding_window_attn else None
+    for i, layer in enumerate(m.layers):
+      x = layer(x, attention_mask=windowed if i in m.sliding_window_indices else mask,
+                position_ids=pos, position_embeddings=embeddings)
+    return m.norm(x) if m.config.norm_output else x
+
+  def fuse(x):
+    if m.input_norm is not None:
+      x = m.input_norm(x)
+    if m.fc_norm is not None:
+      x = torch.cat([norm(c) for norm, c in zip(m.fc_norm, x.chunk(len(m.fc_norm), dim=-1))],
+                    dim=-1)
+    return m.fc(x)
+
   d2t = m.d2t.numpy()
-  return layer_fn, lambda h: m.lm_head(m.norm(h)), lambda i: i + int(d2t[i]), m.fc
+  head_fn = m.lm_head if m.config.norm_output else (lambda h: m.lm_head(m.norm(h)))
+  return layer_fn, head_fn, lambda i: i + int(d2t[i]), fuse
 
 
 @pytest.mark.parametrize("norm_before_residual", [False, True])
@@ -233,6 +260,127 @@ def test_speculators_eagle3(torch, verifier, tmp_path, norm_before_residual):
   back.config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
   _check_eagle(torch, (name, "export", family), eagle, target, tokens,
                *_speculators_fns(torch, back))
+
+
+# speculators' Eagle3DraftModel options, each on its own (plus the layer count the option is
+# read with): (changes to the decoder layers' config, the model's flags).
+SLIDING, FULL = "sliding_attention", "full_attention"
+EAGLE3_OPTIONS = {
+    "3 decoder layers": (dict(num_hidden_layers=3), {}),
+    "norm_before_fc": ({}, dict(norm_before_fc=True)),
+    "fc_norm": ({}, dict(fc_norm=True)),
+    "norm_output, 2 layers": (dict(num_hidden_layers=2), dict(norm_output=True)),
+    "sliding window, 2 layers": (dict(num_hidden_layers=2, layer_types=[SLIDING, FULL],
+                                      sliding_window=3), {}),
+}
+
+
+def _jspec_ttt(eagle, target, tokens, steps):
+  """jspec's draft scores for speculators' training forward: step s at position j is the head
+  after a catch-up over the true pairs up to slot j + 1 (the pair (h_j, e(t_{j+1}))), then s
+  pairs (its previous output, e(t_{j+1+r})) at slots j + 1 + r, through the cache (one
+  catch-up over every true pair serves each j: a slot's output depends on slots up to its
+  own, and each step overwrites the slot it writes before anything attends to it).
+  Returns [step] of [j, N] for every j the step reaches within the tokens."""
+  T = tokens.shape[1]
+  feats = jnp.asarray(target_for(target, eagle).apply(jnp.asarray(tokens, jnp.int32), None,
+                                                      jnp.zeros((1,), jnp.int32))[1])
+  fused = eagle.fuse(eagle.params, feats)
+  toks = jnp.asarray(tokens, jnp.int32)
+  forward = jax.jit(eagle.forward)
+  S = T + steps
+  prev = jnp.concatenate([jnp.zeros((1, 1, eagle.config.hidden_size)), fused[:, :-1]], axis=1)
+  slots = jnp.arange(T, dtype=jnp.int32)[None]
+  caught, full = forward(eagle.params, prev, toks, eagle.init_cache(1, S), slots, slots,
+                         slots[:, :, None] >= jnp.arange(S)[None, None, :])
+  out = [[] for _ in range(steps)]
+  for j in range(T - 1):
+    f, cache = caught[:, j + 1:j + 2], full
+    for s in range(steps):
+      if j + 1 + s >= T:
+        break
+      if s:
+        slot = jnp.asarray([[j + 1 + s]], jnp.int32)
+        f, cache = forward(eagle.params, f, toks[:, j + 1 + s:j + 2 + s], cache, slot, slot,
+                           jnp.arange(S)[None, None, :] <= j + 1 + s)
+      out[s].append(np.asarray(eagle.draft_scores(f)[0, 0]))
+  return [np.stack(rows) for rows in out]
+
+
+def _reference_ttt(torch, m, feats, tokens, steps):
+  """speculators' own training forward (`Eagle3DraftModel.forward`, teacher forcing, eager
+  masks) on the pairs (h_j, e(t_{j+1})): each step's draft logits, read at its LM head."""
+  logits = []
+  hook = m.lm_head.register_forward_hook(lambda mod, args, out: logits.append(out[0].detach()))
+  try:
+    with torch.no_grad():
+      n = tokens.shape[1] - 1
+      m(hidden_states=torch.from_numpy(np.asarray(feats))[:, :-1],
+        input_ids=torch.from_numpy(tokens)[:, 1:], document_ids=torch.zeros(1, n, dtype=torch.long),
+        ttt_steps=steps)
+  finally:
+    hook.remove()
+  return [x.numpy() for x in logits]
+
+
+@pytest.mark.parametrize("option", list(EAGLE3_OPTIONS))
+def test_speculators_eagle3_options(torch, verifier, tmp_path, option):
+  """Each option of speculators' Eagle3DraftModel (more decoder layers, norm_before_fc,
+  fc_norm, norm_output, sliding-window layers), built and saved by the reference, loads into
+  jspec and drafts as the reference does: against its layers rerun on the growing sequence
+  (as vLLM drafts), and against its own training forward (step 0 for every option; the later
+  teacher-forced steps too, except under a window: there the training forward counts the
+  window from the step's first position while vLLM and jspec count it from the draft's own).
+  Exported back and loaded by `from_pretrained`: the same. A reference-built three-layer head
+  through `jspec measure`: answers equal to plain greedy decoding."""
+  require("speculators")
+  from speculators.models.eagle3 import Eagle3DraftModel
+
+  family, hf, vpath, target = verifier
+  layer_changes, flags = EAGLE3_OPTIONS[option]
+  layer_cfg = copy.deepcopy(hf.config)
+  layer_cfg.num_hidden_layers = 1
+  for key, value in layer_changes.items():
+    setattr(layer_cfg, key, value)
+  if "sliding_window" in layer_changes and family == "qwen3":
+    layer_cfg.use_sliding_window = True  # else Qwen3Config drops the window when it is read back
+  t2d = torch.zeros(V, dtype=torch.bool)
+  t2d[torch.from_numpy(DRAFT_IDS)] = True
+  m = Eagle3DraftModel.from_training_args(
+      verifier_config=layer_cfg, verifier_name_or_path=vpath, draft_vocab_size=N,
+      norm_before_residual=False, ttt_steps=K, t2d=t2d,
+      d2t=torch.from_numpy(DRAFT_IDS - np.arange(N)), target_layer_ids=[1, 2, 3],
+      draft_attn_impl="eager", **flags)
+  _randomise(torch, m, 6)
+  m.eval().save_pretrained(tmp_path / "ref")
+  eagle = jspec.load_drafter(tmp_path / "ref", target)
+  c = eagle.config
+  assert (c.num_layers, c.norm_before_fc, c.fc_norm, c.norm_output) == (
+      layer_changes.get("num_hidden_layers", 1), flags.get("norm_before_fc", False),
+      flags.get("fc_norm", False), flags.get("norm_output", False))
+  windowed = "sliding_window" in layer_changes
+  assert (c.sliding_window, c.window_layers) == ((3, (0,)) if windowed else (None, ()))
+  if option == "3 decoder layers":
+    _measure(vpath, tmp_path / "ref", tmp_path)
+  tokens = _tokens()
+  name = f"speculators ({option})"
+  for direction, model in (("load", m), ("export", None)):
+    if model is None:
+      out = PD.export_drafter(eagle, tmp_path / "out", "speculators", verifier=vpath)
+      model = Eagle3DraftModel.from_pretrained(out).eval()
+      # CPU: eager attention and its float masks, as from_training_args(draft_attn_impl=
+      # "eager") set them on the model built above (from_pretrained picks flex attention)
+      model.config.transformer_layer_config._attn_implementation = "eager"
+      model._attn_impl, model._create_mask_fn = m._attn_impl, m._create_mask_fn
+    _check_eagle(torch, (name, direction, family), eagle, target, tokens,
+                 *_speculators_fns(torch, model))
+    feats = _eagle_jspec(eagle, target, tokens)[2]
+    ref = _reference_ttt(torch, model, feats, tokens, K)
+    got = _jspec_ttt(eagle, target, tokens, K)
+    for s in range(1 if windowed else K):
+      n = got[s].shape[0]
+      _compare((name, f"{direction}, training step {s}", family), got[s], ref[s][:n],
+               got[s].argmax(-1), ref[s][:n].argmax(-1))
 
 
 def _specforge_fns(torch, m):

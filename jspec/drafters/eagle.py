@@ -10,7 +10,9 @@ distributions, and the target's frozen token embedding feeds the tokens back in:
     logits(f^_j) = LM_head(f^_j)              predicts t_{j+1}
 
 The decoder layer is the target family's (RMSNorm pre-norm, RoPE, GQA, SwiGLU),
-with its own K/V cache of one layer, [B, Hkv, Dh, S] and [B, Hkv, S, Dh].
+with its own K/V cache of one layer, [B, Hkv, Dh, S] and [B, Hkv, S, Dh]. (Published
+EAGLE-3 heads may stack more layers after the first, each with its own K/V in the cache:
+`EagleConfig.num_layers`; the rounds below are the same.)
 
 Decode-state invariant: at the start of `propose` the cache holds the true pairs
 for slots <= feature_start (everything before the catch-up block); anything past
@@ -63,8 +65,8 @@ from jspec.drafters import params_io
 # The head's configuration, params and layers; its names are this module's too
 # (`eagle.EagleConfig`, `eagle.init_params`, ...), the drafter's public face.
 from jspec.drafters.eagle_head import (  # noqa: F401
-    EagleConfig, causal_visibility, check_params, forward, head_dtype, init_params, param_shapes,
-    target_head)
+    EagleConfig, cache_names, causal_visibility, check_params, forward, head_dtype, init_params,
+    param_shapes, target_head)
 
 FORMAT = "jspec-eagle"
 FORMAT_VERSION = 1
@@ -139,16 +141,25 @@ class Eagle:
   def fuse(self, params, features: jax.Array) -> jax.Array:
     """Target features [..., n * D] as the head's input features [..., D]: EAGLE-3's
     fusion of low, middle and high layers; EAGLE-1's final hidden state as it is."""
-    if not self.config.fused:
+    c = self.config
+    if not c.fused:
       return features
-    kernel = params["fuse"]["kernel"]
-    return jnp.einsum("...i,id->...d", features.astype(kernel.dtype), kernel)
+    fuse = params["fuse"]
+    kernel = fuse["kernel"]
+    x = features.astype(kernel.dtype)
+    if c.norm_before_fc:  # one norm over the concatenation (speculators' input_norm)
+      x = layers.RMSNorm()(x, fuse["norm"], c.rms_norm_eps)
+    elif c.fc_norm:  # one norm per target layer (speculators' fc_norm.i)
+      parts = x.reshape(*x.shape[:-1], len(c.feature_layers), c.hidden_size)
+      x = layers.RMSNorm()(parts, fuse["layer_norms"], c.rms_norm_eps).reshape(x.shape)
+    return jnp.einsum("...i,id->...d", x, kernel)
 
   def head_input(self, params, features: jax.Array) -> jax.Array:
     """What the LM head reads from the head's output features: EAGLE-3 normalises them
     first (its outputs are residual streams, fed back as they are); EAGLE-1 predicts the
-    target's final (normed) hidden state and reads it directly."""
-    if not self.config.fused:
+    target's final (normed) hidden state and reads it directly; an EAGLE-3 head with
+    `norm_output` has normed them already (`eagle_head.forward`)."""
+    if not self.config.fused or self.config.norm_output:
       return features
     return layers.RMSNorm()(features, params["norm"], self.config.rms_norm_eps)
 
@@ -193,12 +204,19 @@ class Eagle:
     return out
 
   def init_cache(self, batch: int, length: int, dtype=None) -> dict:
-    """Zeroed K/V of the head's one layer for `batch` rows of `length` slots (dtype: the
-    head's)."""
+    """Zeroed K/V of each of the head's layers for `batch` rows of `length` slots (dtype:
+    the head's; keys `eagle_head.cache_names`), and with window layers each slot's rotary
+    position."""
     c = self.config
     dtype = head_dtype(self.params) if dtype is None else dtype
-    return {"k": jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype),
-            "v": jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype)}
+    cache = {}
+    for i in range(c.num_layers):
+      k, v = cache_names(i)
+      cache[k] = jnp.zeros((batch, c.num_key_value_heads, c.head_dim, length), dtype)
+      cache[v] = jnp.zeros((batch, c.num_key_value_heads, length, c.head_dim), dtype)
+    if c.window_layers:
+      cache["pos"] = jnp.zeros((batch, length), jnp.int32)
+    return cache
 
   def forward(self, params, features, tokens, cache, slots, positions, visible):
     """The head on a block of pairs.
@@ -273,7 +291,7 @@ class Eagle:
   def observe(self, cache, context):
     """The catch-up of `propose` without drafting (`ObservingDrafter`): rounds that do
     not draft (`num_draft_tokens="auto"` at K = 0) keep the cache's true pairs current,
-    at the cost of one decoder layer over F pairs."""
+    at the cost of the head's layers over F pairs."""
     return self._catch_up(cache, context)[1]
 
   def propose(self, cache, context, num_drafts: int, params: sampling.SamplingParams | None,

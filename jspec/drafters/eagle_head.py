@@ -1,11 +1,11 @@
-"""The EAGLE head itself: its config, its params tree and its one decoder layer.
+"""The EAGLE head itself: its config, its params tree and its decoder layers.
 
 `jspec.drafters.eagle` builds the drafter (`Eagle`: init, propose, propose_tree,
 save/load) on top of this. What lives here is the head's shape and the pure
 functions over it: the params' shapes, init and check, the target's frozen
 embedding and LM head, the attention masks the drafter's rounds use (causal,
-tree), the scatter of K/V into the head's one-layer cache, and the layer's
-forward pass. Split from eagle.py to keep each module readable.
+tree), the scatter of K/V into the head's cache (one K/V pair per layer), and the
+layers' forward pass. Split from eagle.py to keep each module readable.
 """
 
 from __future__ import annotations
@@ -66,9 +66,19 @@ class EagleConfig:
   # the published ones never see it (their engines start at (h_0, e(t_1))): False hides it from
   # every later pair.
   zero_pair: bool = True
+  # More EAGLE-3 options of vLLM speculators' Eagle3DraftModel (`jspec.io.layout_eagle3`):
+  num_layers: int = 1  # decoder layers: the first as `input_form` says, then ordinary
+  #                      pre-norm layers over D (their own input norm, no hidden_norm)
+  norm_before_fc: bool = False  # fused: one RMSNorm over the n * D target features
+  fc_norm: bool = False  # fused: one RMSNorm per target layer's D features, before the fc
+  norm_output: bool = False  # fused: the final norm applied to the output, which is both what
+  #                            the LM head reads and the feature fed to the next step
+  sliding_window: int | None = None  # the window layers see keys less than this many
+  window_layers: tuple[int, ...] = ()  # positions back; which layers (0-based) do
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+    object.__setattr__(self, "window_layers", tuple(int(i) for i in self.window_layers))
     object.__setattr__(self, "rope_scaling", layers.option_from_dict(self.rope_scaling))
     if self.input_form not in INPUT_FORMS:
       raise ValueError(f"EagleConfig.input_form must be one of {INPUT_FORMS}, got "
@@ -90,6 +100,31 @@ class EagleConfig:
                        f"num_key_value_heads ({self.num_key_value_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+    self._check_options()
+
+  def _check_options(self):
+    n = self.num_layers
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+      raise ValueError(f"EagleConfig.num_layers must be an integer >= 1, got {n!r}")
+    if n > 1 and self.input_form != "concat":
+      raise ValueError(f"EagleConfig.num_layers {n}: more than one decoder layer is EAGLE-3's "
+                       f"published form (input_form 'concat'), not {self.input_form!r}")
+    for name in ("norm_before_fc", "fc_norm", "norm_output"):
+      if getattr(self, name) and not self.fused:
+        raise ValueError(f"EagleConfig.{name} needs feature_layers (an EAGLE-3 head)")
+    if self.norm_before_fc and self.fc_norm:
+      raise ValueError("EagleConfig.norm_before_fc and fc_norm exclude each other (one norm "
+                       "over the concatenated features, or one per target layer)")
+    w = self.sliding_window
+    if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
+      raise ValueError(f"EagleConfig.sliding_window must be an integer >= 1 or None, got {w!r}")
+    if (w is None) != (not self.window_layers):
+      raise ValueError(f"EagleConfig.sliding_window ({w}) and window_layers "
+                       f"({self.window_layers}) go together: both set or neither")
+    if any(not 0 <= i < n for i in self.window_layers) or len(set(self.window_layers)) != len(
+        self.window_layers):
+      raise ValueError(f"EagleConfig.window_layers {self.window_layers} must be distinct layers "
+                       f"of the head's {n}")
 
   @classmethod
   def for_target(cls, target_config, **overrides) -> "EagleConfig":
@@ -121,8 +156,9 @@ class EagleConfig:
     left out, so files of jspec's own heads read as they always have."""
     fields = dataclasses.asdict(self)
     fields["feature_layers"] = list(self.feature_layers)
+    fields["window_layers"] = list(self.window_layers)
     for f in dataclasses.fields(self):
-      if f.name in LAYOUT_FIELDS and fields[f.name] == f.default:
+      if f.name in LAYOUT_FIELDS and getattr(self, f.name) == f.default:
         del fields[f.name]
     return fields
 
@@ -137,7 +173,9 @@ class EagleConfig:
 
 
 LAYOUT_FIELDS = frozenset(("input_form", "fc_bias", "attn_norm", "norm_before_residual",
-                           "qk_norm", "rope_scaling", "zero_pair"))
+                           "qk_norm", "rope_scaling", "zero_pair", "num_layers",
+                           "norm_before_fc", "fc_norm", "norm_output", "sliding_window",
+                           "window_layers"))
 # Fields `for_target` does not copy from the target's config.
 OPTIONAL_FIELDS = LAYOUT_FIELDS | {"feature_layers"}
 
@@ -148,14 +186,22 @@ def param_shapes(config: EagleConfig) -> dict:
   H, Hkv, Dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
   fused = {}
   if config.fused:
-    fused = {"fuse": {"kernel": (config.feature_width, D)}, "norm": {"scale": (D,)}}
+    fuse = {"kernel": (config.feature_width, D)}
+    if config.norm_before_fc:
+      fuse["norm"] = {"scale": (config.feature_width,)}
+    if config.fc_norm:  # row i: the norm of target layer feature_layers[i]
+      fuse["layer_norms"] = {"scale": (len(config.feature_layers), D)}
+    fused = {"fuse": fuse, "norm": {"scale": (D,)}}
   mlp = {"mlp_norm": {"scale": (D,)}, "w_gate": (D, F), "w_up": (D, F), "w_down": (F, D)}
   qk = {"q_norm": {"scale": (Dh,)}, "k_norm": {"scale": (Dh,)}} if config.qk_norm else {}
   if config.input_form == "concat":
+    later = {layer_name(i): {
+        "attn_norm": {"scale": (D,)}, "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh),
+        "wo": (H, Dh, D), **qk, **mlp} for i in range(1, config.num_layers)}
     return {**fused, "layer": {
         "input_norm": {"scale": (D,)}, "hidden_norm": {"scale": (D,)},
         "wq": (2 * D, H, Dh), "wk": (2 * D, Hkv, Dh), "wv": (2 * D, Hkv, Dh), "wo": (H, Dh, D),
-        **qk, **mlp}}
+        **qk, **mlp}, **later}
   if config.input_form == "mtp":
     return {"mtp_in": {"token_norm": {"scale": (D,)}, "hidden_norm": {"scale": (D,)},
                        "kernel": (2 * D, D)},
@@ -167,6 +213,17 @@ def param_shapes(config: EagleConfig) -> dict:
   return {**fused, "fc": fc, "layer": {
       **norm, "wq": (D, H, Dh), "wk": (D, Hkv, Dh), "wv": (D, Hkv, Dh), "wo": (H, Dh, D),
       **qk, **mlp}}
+
+
+def layer_name(i: int) -> str:
+  """The params key of decoder layer i: "layer" for the first, "layer_1", ... after it."""
+  return "layer" if i == 0 else f"layer_{i}"
+
+
+def cache_names(i: int) -> tuple[str, str]:
+  """The cache keys of decoder layer i's K and V: ("k", "v") for the first, then ("k1", "v1"),
+  ... A head with window layers also keeps each slot's rotary position under "pos"."""
+  return ("k", "v") if i == 0 else (f"k{i}", f"v{i}")
 
 
 def head_dtype(params) -> Any:
@@ -270,12 +327,46 @@ def _without_zero_pair(visible, key_slots, slots):
   return rest | (zero & keep)
 
 
+def _windowed(visible, key_positions, positions, window: int):
+  """visible [B, T, S'] less the keys `window` or more positions behind their query
+  (key_positions [B or 1, S'], positions [B, T]): a sliding-window layer's keys, as
+  speculators' mask and vLLM count them. A row left with nothing keeps `visible` (a pair whose
+  own slot fell past the cache end: scratch), so softmax stays finite."""
+  near = key_positions[:, None, :] > positions[:, :, None] - window
+  inside = visible & near
+  return jnp.where(jnp.any(inside, axis=-1, keepdims=True), inside, visible)
+
+
+def _attend(config: EagleConfig, w, h, cache, names, slots, positions, visible):
+  """One decoder layer's attention over its input h [B, T, in]: its output [B, T, D] and
+  the cache with this layer's K/V written at `slots` (cache None: the block's own K/V)."""
+  c = config
+  norm = layers.RMSNorm()
+  q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
+  k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
+  v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
+  if c.qk_norm:
+    q = norm(q, w["q_norm"], c.rms_norm_eps)
+    k = norm(k, w["k_norm"], c.rms_norm_eps)
+  q = layers.rope(q, positions, c.rope_theta, c.rope_scaling)
+  k = layers.rope(k, positions, c.rope_theta, c.rope_scaling)
+  k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
+  v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
+  if cache is not None:
+    k = _write(cache[names[0]], k, slots, axis=3)
+    v = _write(cache[names[1]], v, slots, axis=2)
+    cache = {**cache, names[0]: k, names[1]: v}
+  out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
+  return jnp.einsum("bthk,hkd->btd", out, w["wo"]), cache
+
+
 def forward(config: EagleConfig, params, features, embeddings, cache, slots, positions, visible):
-  """The head's layer over T pairs per row: (predicted features [B, T, D], cache).
+  """The head's layers over T pairs per row: (predicted features [B, T, D], cache).
 
   features [B, T, D] the features of the pairs, embeddings [B, T, D] their tokens',
   slots / positions [B, T] where each pair is written and its rotary position, visible
-  [B, T, S] which cache slots each pair attends to (`causal_visibility`, `tree_visibility`)."""
+  [B, T, S] which cache slots each pair attends to (`causal_visibility`, `tree_visibility`);
+  every layer attends to the same slots (window layers to the recent ones among them)."""
   c = config
   norm = layers.RMSNorm()
   w = params["layer"]
@@ -298,33 +389,33 @@ def forward(config: EagleConfig, params, features, embeddings, cache, slots, pos
     if c.fc_bias:
       x = x + params["fc"]["bias"][None, None, :]
     h = norm(x, w["attn_norm"], c.rms_norm_eps) if c.attn_norm else x
-  with jax.named_scope("eagle_attention"):
-    q = jnp.einsum("btd,dhk->bthk", h, w["wq"])
-    k = jnp.einsum("btd,dhk->bthk", h, w["wk"])
-    v = jnp.einsum("btd,dhk->bthk", h, w["wv"])
-    if c.qk_norm:
-      q = norm(q, w["q_norm"], c.rms_norm_eps)
-      k = norm(k, w["k_norm"], c.rms_norm_eps)
-    q = layers.rope(q, positions, c.rope_theta, c.rope_scaling)
-    k = layers.rope(k, positions, c.rope_theta, c.rope_scaling)
-    k = k.transpose(0, 2, 3, 1)  # [B, Hkv, Dh, T]
-    v = v.transpose(0, 2, 1, 3)  # [B, Hkv, T, Dh]
-    key_slots = slots
-    if cache is not None:
-      k = _write(cache["k"], k, slots, axis=3)
-      v = _write(cache["v"], v, slots, axis=2)
-      cache = {"k": k, "v": v}
-      key_slots = jnp.arange(visible.shape[2], dtype=jnp.int32)[None, :]
-      if c.zero_pair:
-        # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
-        # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
-        visible = visible | (key_slots == 0)[:, None, :]
-    if not c.zero_pair:
-      visible = _without_zero_pair(visible, key_slots, slots)
-    out = layers.attention(q, k, v, visible, c.head_dim ** -0.5)
-    x = x + jnp.einsum("bthk,hkd->btd", out, w["wo"])
-  with jax.named_scope("eagle_mlp"):
-    x = x + layers.GatedMLP("silu")(norm(x, w["mlp_norm"], c.rms_norm_eps), w)
+  key_slots, key_positions = slots, positions
+  if cache is not None:
+    key_slots = jnp.arange(visible.shape[2], dtype=jnp.int32)[None, :]
+    if c.window_layers:  # each slot's rotary position, for the window layers
+      cache = {**cache, "pos": _write(cache["pos"], positions, slots, axis=1)}
+      key_positions = cache["pos"]
+    if c.zero_pair:
+      # Slot 0 is visible to every real pair anyway (prefix or ancestor); adding it keeps a
+      # pair whose own slot fell past the cache end (dropped, scratch) free of NaNs.
+      visible = visible | (key_slots == 0)[:, None, :]
+  if not c.zero_pair:
+    visible = _without_zero_pair(visible, key_slots, slots)
+  near = None
+  if c.window_layers:
+    near = _windowed(visible, key_positions, positions, c.sliding_window)
+  for i in range(c.num_layers):
+    w = params[layer_name(i)]
+    if i:  # an ordinary pre-norm decoder layer over the residual stream
+      h = norm(x, w["attn_norm"], c.rms_norm_eps)
+    with jax.named_scope("eagle_attention"):
+      out, cache = _attend(c, w, h, cache, cache_names(i), slots, positions,
+                           near if i in c.window_layers else visible)
+      x = x + out
+    with jax.named_scope("eagle_mlp"):
+      x = x + layers.GatedMLP("silu")(norm(x, w["mlp_norm"], c.rms_norm_eps), w)
   if c.input_form == "mtp":  # the module's final norm: its output is a normed feature
     x = norm(x, w["out_norm"], c.rms_norm_eps)
+  if c.norm_output:  # EAGLE-3.1: the normed output is what the LM head reads and what is fed back
+    x = norm(x, params["norm"], c.rms_norm_eps)
   return x, cache

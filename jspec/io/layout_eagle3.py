@@ -1,6 +1,6 @@
 """EAGLE-3 heads in the two published layouts, into `jspec.Eagle` and back out.
 
-Both hold one decoder layer whose attention reads [norm(e); norm(f)] (`input_form`
+Both hold a first decoder layer whose attention reads [norm(e); norm(f)] (`input_form`
 "concat" of `jspec.drafters.eagle_head`), an fc fusing n auxiliary target layers
 (n * D -> D, no bias), a final norm, and an LM head over a draft vocabulary of N ids with
 `d2t` offsets (target id = draft id + d2t[draft id]) and a `t2d` mask over the target's V:
@@ -12,6 +12,14 @@ Both hold one decoder layer whose attention reads [norm(e); norm(f)] (`input_for
                             `transformer_layer_config` (llama or qwen3), `draft_vocab_size`,
                             `norm_before_residual`, `eagle_aux_hidden_state_layer_ids`;
                             tensors `layers.0.*`
+
+speculators' Eagle3DraftModel also builds (and jspec reads and writes back):
+`transformer_layer_config.num_hidden_layers` L > 1, the first layer then L - 1 ordinary
+decoder layers (`layers.1.*` ..., `EagleConfig.num_layers`); `norm_before_fc` (one RMSNorm over
+the n * D features, `input_norm.weight`); `fc_norm` (one per auxiliary layer, `fc_norm.i.weight`);
+`norm_output` (the output normed before it is fed back, EAGLE-3.1); and sliding-window layers
+(`layer_types` "sliding_attention" with `sliding_window`, Qwen3's only under
+`use_sliding_window`, as transformers' Qwen3Config reads them).
 
 Auxiliary layers. jspec's `feature_layers` are 0-based layer outputs. SpecForge's ids are
 the same (SGLang captures the input of layer i + 1; default [1, L//2 - 1, L - 4]).
@@ -28,6 +36,7 @@ import numpy as np
 
 from jspec.drafters import vocab_subset
 from jspec.drafters.eagle import Eagle, EagleConfig, check_params
+from jspec.drafters.eagle_head import layer_name
 from jspec.models.hf import CheckpointError, rope_settings
 from jspec.io import layout_tensors as T
 
@@ -77,10 +86,29 @@ def _specforge_config(cfg: dict, target, where: str) -> tuple[EagleConfig, dict]
   return _config(cfg, target, where, layers, qk_norm=False, norm_before_residual=False), cfg
 
 
+def _window(layer: dict, kind: str, num_layers: int, where: str) -> dict:
+  """EagleConfig's sliding_window and window_layers from a layer config, as transformers
+  reads it (Qwen3Config: the window only with use_sliding_window, layer_types by default
+  "sliding_attention" from max_window_layers on) and speculators uses it (a layer type
+  "sliding_attention" without a window attends to everything)."""
+  if kind == "qwen3":
+    window = layer.get("sliding_window", 4096) if layer.get("use_sliding_window") else None
+    types = layer.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= int(layer.get("max_window_layers", 28))
+        else "full_attention" for i in range(num_layers)]
+  else:
+    window, types = layer.get("sliding_window"), layer.get("layer_types") or []
+  unknown = sorted({t for t in types} - {"sliding_attention", "full_attention"})
+  if unknown:
+    raise CheckpointError(f"{where}: layer_types {unknown} are not attention kinds jspec reads "
+                          f"(full_attention, sliding_attention)")
+  sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention" and i < num_layers)
+  if window is None or not sliding:
+    return {}
+  return {"sliding_window": int(window), "window_layers": sliding}
+
+
 def _speculators_config(cfg: dict, target, where: str) -> tuple[EagleConfig, dict]:
-  for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-    if cfg.get(flag):
-      raise CheckpointError(f"{where}: {flag}=true is not supported by jspec's EAGLE-3 head")
   layer = cfg.get("transformer_layer_config")
   if not isinstance(layer, dict):
     raise CheckpointError(f"{where}: transformer_layer_config missing")
@@ -88,9 +116,7 @@ def _speculators_config(cfg: dict, target, where: str) -> tuple[EagleConfig, dic
   if kind not in ("llama", "qwen3"):
     raise CheckpointError(f"{where}: transformer_layer_config model_type {kind!r}; jspec reads "
                           f"llama and qwen3 layers")
-  if int(layer.get("num_hidden_layers", 1)) != 1:
-    raise CheckpointError(f"{where}: {layer['num_hidden_layers']} decoder layers; jspec's "
-                          f"EAGLE-3 head has one")
+  num_layers = int(layer.get("num_hidden_layers", 1))
   if layer.get("attention_bias"):
     raise CheckpointError(f"{where}: attention_bias=true is not supported")
   target_hidden = cfg.get("target_hidden_size")
@@ -101,11 +127,16 @@ def _speculators_config(cfg: dict, target, where: str) -> tuple[EagleConfig, dic
   layers = _feature_layers(cfg.get("eagle_aux_hidden_state_layer_ids"), target, 1, where,
                            lambda L: [2, L // 2, L - 3])
   merged = dict(layer, draft_vocab_size=cfg.get("draft_vocab_size"))
+  options = {flag: bool(cfg.get(flag, False)) for flag in ("norm_before_fc", "fc_norm",
+                                                             "norm_output")}
   return _config(merged, target, where, layers, qk_norm=(kind == "qwen3"),
-                 norm_before_residual=bool(cfg.get("norm_before_residual", False))), merged
+                 norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+                 num_layers=num_layers, **options,
+                 **_window(layer, kind, num_layers, where)), merged
 
 
-def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_residual):
+def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_residual,
+            **options):
   try:
     D, H = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     theta, scaling = rope_settings(cfg)
@@ -116,7 +147,8 @@ def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_resid
         intermediate_size=int(cfg["intermediate_size"]),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta,
         feature_layers=layers, input_form="concat", qk_norm=qk_norm,
-        norm_before_residual=norm_before_residual, rope_scaling=scaling, zero_pair=False)
+        norm_before_residual=norm_before_residual, rope_scaling=scaling, zero_pair=False,
+        **options)
   except KeyError as e:
     raise CheckpointError(f"{where}: missing field {e}") from None
   except (TypeError, ValueError) as e:
@@ -125,9 +157,9 @@ def _config(cfg: dict, target, where: str, layers, *, qk_norm, norm_before_resid
   return config
 
 
-def _prefix(layout: str) -> str:
-  """The tensor name prefix of the head's decoder layer in `layout`."""
-  return "midlayer." if layout == SPECFORGE else "layers.0."
+def _prefix(layout: str, i: int = 0) -> str:
+  """The tensor name prefix of the head's decoder layer i in `layout`."""
+  return "midlayer." if layout == SPECFORGE else f"layers.{i}."
 
 
 def draft_ids(tensors: T.Tensors, N: int, V: int) -> np.ndarray:
@@ -170,30 +202,44 @@ def load(path: str, cfg: dict, layout: str, target, dtype=None) -> Eagle:
                       c.intermediate_size)
   V = c.vocab_size
   N = int(merged.get("draft_vocab_size") or V)
-  p = _prefix(layout)
   n = len(c.feature_layers)
-  what = f"{where} (hidden {D}, heads {H}/{Hkv}x{Dh}, mlp {F}, {n} aux layers)"
+  what = (f"{where} (hidden {D}, heads {H}/{Hkv}x{Dh}, mlp {F}, {n} aux layers, "
+          f"{c.num_layers} decoder layer{'s' if c.num_layers > 1 else ''})")
 
   def linear(name, out_dim, in_dim):  # torch Linear [out, in] -> [in, out]
     return tensors.get(name, (out_dim, in_dim), what).T
 
-  layer = {
-      "input_norm": {"scale": tensors.get(p + "input_layernorm.weight", (D,), what)},
-      "hidden_norm": {"scale": tensors.get(p + "hidden_norm.weight", (D,), what)},
-      "wq": linear(p + "self_attn.q_proj.weight", H * Dh, 2 * D).reshape(2 * D, H, Dh),
-      "wk": linear(p + "self_attn.k_proj.weight", Hkv * Dh, 2 * D).reshape(2 * D, Hkv, Dh),
-      "wv": linear(p + "self_attn.v_proj.weight", Hkv * Dh, 2 * D).reshape(2 * D, Hkv, Dh),
-      "wo": linear(p + "self_attn.o_proj.weight", D, H * Dh).reshape(H, Dh, D),
-      "mlp_norm": {"scale": tensors.get(p + "post_attention_layernorm.weight", (D,), what)},
-      "w_gate": linear(p + "mlp.gate_proj.weight", F, D),
-      "w_up": linear(p + "mlp.up_proj.weight", F, D),
-      "w_down": linear(p + "mlp.down_proj.weight", D, F),
-  }
-  if c.qk_norm:
-    layer["q_norm"] = {"scale": tensors.get(p + "self_attn.q_norm.weight", (Dh,), what)}
-    layer["k_norm"] = {"scale": tensors.get(p + "self_attn.k_norm.weight", (Dh,), what)}
-  params = {"fuse": {"kernel": linear("fc.weight", D, n * D)},
-            "norm": {"scale": tensors.get("norm.weight", (D,), what)}, "layer": layer}
+  def decoder_layer(i):  # the first reads [e; f] (2D wide), the later ones D
+    p, wide = _prefix(layout, i), (2 * D if i == 0 else D)
+    layer = {
+        "wq": linear(p + "self_attn.q_proj.weight", H * Dh, wide).reshape(wide, H, Dh),
+        "wk": linear(p + "self_attn.k_proj.weight", Hkv * Dh, wide).reshape(wide, Hkv, Dh),
+        "wv": linear(p + "self_attn.v_proj.weight", Hkv * Dh, wide).reshape(wide, Hkv, Dh),
+        "wo": linear(p + "self_attn.o_proj.weight", D, H * Dh).reshape(H, Dh, D),
+        "mlp_norm": {"scale": tensors.get(p + "post_attention_layernorm.weight", (D,), what)},
+        "w_gate": linear(p + "mlp.gate_proj.weight", F, D),
+        "w_up": linear(p + "mlp.up_proj.weight", F, D),
+        "w_down": linear(p + "mlp.down_proj.weight", D, F),
+    }
+    norm = tensors.get(p + "input_layernorm.weight", (D,), what)
+    if i == 0:
+      layer["input_norm"] = {"scale": norm}
+      layer["hidden_norm"] = {"scale": tensors.get(p + "hidden_norm.weight", (D,), what)}
+    else:
+      layer["attn_norm"] = {"scale": norm}
+    if c.qk_norm:
+      layer["q_norm"] = {"scale": tensors.get(p + "self_attn.q_norm.weight", (Dh,), what)}
+      layer["k_norm"] = {"scale": tensors.get(p + "self_attn.k_norm.weight", (Dh,), what)}
+    return layer
+
+  fuse = {"kernel": linear("fc.weight", D, n * D)}
+  if c.norm_before_fc:
+    fuse["norm"] = {"scale": tensors.get("input_norm.weight", (n * D,), what)}
+  if c.fc_norm:
+    fuse["layer_norms"] = {"scale": np.stack([tensors.get(f"fc_norm.{i}.weight", (D,), what)
+                                              for i in range(n)])}
+  params = {"fuse": fuse, "norm": {"scale": tensors.get("norm.weight", (D,), what)},
+            **{layer_name(i): decoder_layer(i) for i in range(c.num_layers)}}
   rows = tensors.get("lm_head.weight", (N, D), f"{where} (draft_vocab_size {N}, hidden {D})")
   ids = draft_ids(tensors, N, V)
   embed = None
@@ -234,26 +280,33 @@ def tensors_of(eagle: Eagle, layout: str, dtype) -> dict[str, np.ndarray]:
   """The head's tensors in `layout`'s names (torch Linear layout [out, in])."""
   c = eagle.config
   D, H, Hkv, Dh = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-  w = eagle.params["layer"]
-  p = _prefix(layout)
   f = lambda x: np.asarray(x, np.float32).astype(dtype)  # noqa: E731
-  out = {
-      p + "input_layernorm.weight": f(w["input_norm"]["scale"]),
-      p + "hidden_norm.weight": f(w["hidden_norm"]["scale"]),
-      p + "self_attn.q_proj.weight": f(np.asarray(w["wq"]).reshape(2 * D, H * Dh).T),
-      p + "self_attn.k_proj.weight": f(np.asarray(w["wk"]).reshape(2 * D, Hkv * Dh).T),
-      p + "self_attn.v_proj.weight": f(np.asarray(w["wv"]).reshape(2 * D, Hkv * Dh).T),
-      p + "self_attn.o_proj.weight": f(np.asarray(w["wo"]).reshape(H * Dh, D).T),
-      p + "post_attention_layernorm.weight": f(w["mlp_norm"]["scale"]),
-      p + "mlp.gate_proj.weight": f(np.asarray(w["w_gate"]).T),
-      p + "mlp.up_proj.weight": f(np.asarray(w["w_up"]).T),
-      p + "mlp.down_proj.weight": f(np.asarray(w["w_down"]).T),
-      "fc.weight": f(np.asarray(eagle.params["fuse"]["kernel"]).T),
-      "norm.weight": f(eagle.params["norm"]["scale"]),
-  }
-  if c.qk_norm:
-    out[p + "self_attn.q_norm.weight"] = f(w["q_norm"]["scale"])
-    out[p + "self_attn.k_norm.weight"] = f(w["k_norm"]["scale"])
+  out = {}
+  for i in range(c.num_layers):
+    w, p, wide = eagle.params[layer_name(i)], _prefix(layout, i), (2 * D if i == 0 else D)
+    out.update({
+        p + "input_layernorm.weight": f(w["input_norm" if i == 0 else "attn_norm"]["scale"]),
+        p + "self_attn.q_proj.weight": f(np.asarray(w["wq"]).reshape(wide, H * Dh).T),
+        p + "self_attn.k_proj.weight": f(np.asarray(w["wk"]).reshape(wide, Hkv * Dh).T),
+        p + "self_attn.v_proj.weight": f(np.asarray(w["wv"]).reshape(wide, Hkv * Dh).T),
+        p + "self_attn.o_proj.weight": f(np.asarray(w["wo"]).reshape(H * Dh, D).T),
+        p + "post_attention_layernorm.weight": f(w["mlp_norm"]["scale"]),
+        p + "mlp.gate_proj.weight": f(np.asarray(w["w_gate"]).T),
+        p + "mlp.up_proj.weight": f(np.asarray(w["w_up"]).T),
+        p + "mlp.down_proj.weight": f(np.asarray(w["w_down"]).T)})
+    if i == 0:
+      out[p + "hidden_norm.weight"] = f(w["hidden_norm"]["scale"])
+    if c.qk_norm:
+      out[p + "self_attn.q_norm.weight"] = f(w["q_norm"]["scale"])
+      out[p + "self_attn.k_norm.weight"] = f(w["k_norm"]["scale"])
+  fuse = eagle.params["fuse"]
+  out["fc.weight"] = f(np.asarray(fuse["kernel"]).T)
+  if c.norm_before_fc:
+    out["input_norm.weight"] = f(fuse["norm"]["scale"])
+  if c.fc_norm:
+    for i, scale in enumerate(np.asarray(fuse["layer_norms"]["scale"])):
+      out[f"fc_norm.{i}.weight"] = f(scale)
+  out["norm.weight"] = f(eagle.params["norm"]["scale"])
   V = eagle.vocab_size
   ids = np.arange(V) if eagle.ids is None else np.asarray(eagle.ids).astype(np.int64)
   order = np.argsort(ids, kind="stable")  # draft ids ascending in target id, as published
@@ -292,13 +345,19 @@ def _rope_fields(c: EagleConfig) -> dict:
 def layer_config(eagle: Eagle, model_type: str, max_positions: int) -> dict:
   """The decoder layer's config (Hugging Face names) shared by both layouts."""
   c = eagle.config
+  window = {}
+  if c.window_layers:  # as transformers reads it back (Qwen3Config only with use_sliding_window)
+    window = {"sliding_window": c.sliding_window,
+              "layer_types": ["sliding_attention" if i in c.window_layers else "full_attention"
+                              for i in range(c.num_layers)],
+              **({"use_sliding_window": True} if model_type == "qwen3" else {})}
   return {
       "model_type": model_type, "hidden_size": c.hidden_size,
       "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
       "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-      "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
+      "num_hidden_layers": c.num_layers, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
       "vocab_size": c.vocab_size, "max_position_embeddings": int(max_positions),
-      "tie_word_embeddings": False, "attention_bias": False, **_rope_fields(c)}
+      "tie_word_embeddings": False, "attention_bias": False, **_rope_fields(c), **window}
 
 
 def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: str | None = None,
@@ -309,6 +368,14 @@ def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: s
   if layout == SPECFORGE and (c.qk_norm or c.norm_before_residual):
     raise ValueError("SpecForge's EAGLE-3 layer has no q/k norms and keeps f as its residual; "
                      "this head (qk_norm or norm_before_residual) needs --format speculators")
+  speculators_only = [name for name, on in (
+      (f"{c.num_layers} decoder layers", c.num_layers > 1), ("norm_before_fc", c.norm_before_fc),
+      ("fc_norm", c.fc_norm), ("norm_output", c.norm_output),
+      ("sliding-window layers", bool(c.window_layers))) if on]
+  if layout == SPECFORGE and speculators_only:
+    raise ValueError(f"SpecForge's EAGLE-3 layout holds one decoder layer (midlayer) without "
+                     f"speculators' options; this head has {', '.join(speculators_only)}: "
+                     f"--format speculators writes it")
   tensors = tensors_of(eagle, layout, dtype)
   N = tensors["lm_head.weight"].shape[0]
   out = T.new_dir(out)
@@ -329,7 +396,7 @@ def export(eagle: Eagle, out: str, layout: str, *, dtype=np.float32, verifier: s
         "target_hidden_size": None,
         # speculators' ids index hidden_states (entry i: the input of layer i)
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in c.feature_layers],
-        "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm, "norm_output": c.norm_output,
         "embed_requires_grad": False, "has_no_defaults_at_init": False,
         "speculators_config": {
             "algorithm": "eagle3", "default_proposal_method": "greedy",
