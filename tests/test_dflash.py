@@ -206,6 +206,26 @@ def test_layouts_round_trip(target, tmp_path):
     jspec.load_drafter(zlab, target)
   back = jspec.load_drafter(zlab, deep)
   assert back.layout == LD.ZLAB and back.feature_layers == (0, 1) and back.ids is None
+  # What z-lab's code reads that jspec's DFlash does not run is refused, not ignored: DFlash 2
+  # (its convolutions and candidate selector), scaled embeddings or logits, causal layers.
+  base = json.loads((zlab / "config.json").read_text())
+  for change, message in [
+      (dict(architectures=["DFlash2DraftModel"]), "DFlash 2 drafter"),
+      (dict(dflash_config=dict(base["dflash_config"], conv_kernel_size=4)),
+       r"DFlash 2 drafter \(conv_kernel_size"),
+      (dict(selector_rank=8), r"DFlash 2 drafter \(selector_rank"),
+      (dict(dflash_config=dict(base["dflash_config"], input_embedding_scale=2.0)),
+       "input_embedding_scale 2.0 is not supported"),
+      (dict(output_multiplier=0.5), "output_multiplier 0.5 is not supported"),
+      (dict(final_logit_softcapping=30.0), "final_logit_softcapping is not supported"),
+      (dict(is_causal=True), "is_causal=true is not supported"),
+      # as z-lab's code reads them: dflash_config's value first, then the config's
+      (dict(dflash_config=dict(base["dflash_config"], block_size=1)),
+       "block_size must be an integer >= 2"),
+      (dict(dflash_config={"target_layer_ids": [0, 1]}), "mask_token_id missing")]:
+    (zlab / "config.json").write_text(json.dumps(dict(base, **change)))
+    with pytest.raises(ValueError, match=message):
+      jspec.load_drafter(zlab, deep)
 
 
 def _layout_dir(drafter, tmp_path, name="d", edit=None):

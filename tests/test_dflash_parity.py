@@ -7,7 +7,10 @@ and over a reduced draft vocabulary, saved with the reference's own save, loaded
 reference's `_backbone_forward` with a loss mask holding exactly that anchor, against jspec's
 `propose` after a prefill and one round's feature window. Block logits within 1e-4 of their
 scale, drafted ids equal. Then jspec exports the drafter and the reference loads it back with
-`from_pretrained`: the same comparison. Last, `jspec measure` runs on the saved drafter.
+`from_pretrained`: the same comparison. z-lab's layout is checked against z-lab's own code
+(the `dflash` package, 0.1.0): its `DFlashDraftModel` built at random from a z-lab config and
+saved by its `save_pretrained`, run as its engine (`dflash_generate`) runs it, over two rounds
+through its draft cache. Last, `jspec measure` runs on the saved drafter.
 
     python -m pytest -q -p no:xdist -m slow tests/test_dflash_parity.py -s   # prints its rows
 """
@@ -160,18 +163,6 @@ def test_speculators_dflash(torch, verifier, tmp_path, reduced):
                              rtol=1e-4, atol=1e-4)
   name = "speculators DFlash" + (" (draft vocab)" if reduced else "")
   _check((name, "load", family), drafter, m, torch, feats, tokens)
-  if not reduced:  # z-lab's layout: the same modules and tensor names, its own config
-    zlab = tmp_path / "zlab"
-    zlab.mkdir()
-    shutil.copy(tmp_path / "ref" / "model.safetensors", zlab / "model.safetensors")
-    config = dict(json.loads((tmp_path / "ref" / "config.json").read_text())
-                  ["transformer_layer_config"], architectures=["DFlashDraftModel"],
-                  block_size=BS, num_target_layers=LAYERS,
-                  dflash_config={"mask_token_id": MASK, "target_layer_ids": [i - 1 for i in IDS]})
-    (zlab / "config.json").write_text(json.dumps(config))
-    assert PD.detect_layout(zlab) == "zlab-dflash"
-    _check(("z-lab DFlash", "load", family), jspec.load_drafter(zlab, target), m, torch, feats,
-           tokens)
   out = PD.export_drafter(drafter, tmp_path / "out", "speculators", verifier=vpath)
   back = DFlashDraftModel.from_pretrained(out).eval()
   back.config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
@@ -181,6 +172,76 @@ def test_speculators_dflash(torch, verifier, tmp_path, reduced):
   _check((name, "export", family), drafter, back, torch, feats, tokens)
   again = jspec.load_drafter(out, target)
   np.testing.assert_array_equal(_jspec(again, feats, tokens)[1], _jspec(drafter, feats, tokens)[1])
+
+
+def _zlab_reference(torch, zm, hf, feats, tokens):
+  """Block logits [BS - 1, V] of z-lab's `DFlashDraftModel` at ANCHOR and its greedy drafts,
+  called as its engine (`dflash.model.dflash_generate`) calls it: a first round after a prefill
+  of 3 tokens (context: their features; block: the token at slot 3, then mask tokens), the
+  draft cache cropped to the context, then the round at ANCHOR whose context is the features of
+  slots 3 .. ANCHOR - 1; block embeddings from the verifier's table, logits from its LM head."""
+  from dflash.model import _crop_to, _make_cache
+
+  P0 = 3
+  f = torch.from_numpy(np.asarray(feats))
+  positions = torch.arange(ANCHOR + BS)[None]
+
+  def block(start):
+    ids = torch.full((1, BS), MASK, dtype=torch.long)
+    ids[0, 0] = int(tokens[0, start])
+    return torch.nn.functional.embedding(ids, hf.get_input_embeddings().weight)
+
+  with torch.no_grad():
+    cache = _make_cache(zm.config)
+    zm(target_hidden=f[:, :P0], noise_embedding=block(P0), position_ids=positions[:, :P0 + BS],
+       past_key_values=cache, use_cache=True)
+    _crop_to(cache, P0)
+    hidden = zm(target_hidden=f[:, P0:ANCHOR], noise_embedding=block(ANCHOR),
+                position_ids=positions[:, P0:ANCHOR + BS], past_key_values=cache,
+                use_cache=True)[:, 1 - BS:]
+    logits = zm.compute_logits(hidden, hf.lm_head)[0].float().numpy()
+  return logits, logits.argmax(-1)
+
+
+def test_zlab_dflash(torch, verifier, tmp_path):
+  """A DFlash drafter of z-lab's own code (`dflash` 0.1.0, the package of z-lab's repository):
+  its `DFlashDraftModel` built at random over a Qwen3 config with z-lab's fields (block_size,
+  num_target_layers, dflash_config: mask token, target layers in layer numbering), saved by
+  its `save_pretrained`, recognised as the z-lab layout and loaded by jspec; jspec's block
+  logits and drafts after a prefill and one round equal z-lab's drafter run as its engine runs
+  it (two rounds through its cache)."""
+  require("dflash")
+  import transformers as tf
+  from dflash.model import DFlashDraftModel
+
+  family, hf, vpath, target = verifier
+  config = tf.Qwen3Config(
+      vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=DRAFT_LAYERS,
+      num_attention_heads=H, num_key_value_heads=HKV, head_dim=DH, max_position_embeddings=256,
+      tie_word_embeddings=False, block_size=BS, num_target_layers=LAYERS,
+      dflash_config={"mask_token_id": MASK, "target_layer_ids": [i - 1 for i in IDS]})
+  zm = DFlashDraftModel(config)
+  _randomise(torch, zm, 2)
+  zm.eval().save_pretrained(tmp_path / "zlab")
+  assert PD.detect_layout(tmp_path / "zlab") == "zlab-dflash"
+  drafter = jspec.load_drafter(tmp_path / "zlab", target)
+  assert drafter.feature_layers == tuple(zm.target_layer_ids) == tuple(i - 1 for i in IDS)
+  tokens = _tokens()
+  feats = np.asarray(target_for(target, drafter).apply(jnp.asarray(tokens, jnp.int32), None,
+                                                       jnp.zeros((1,), jnp.int32))[1])
+  # z-lab's engine reads hidden_states[id + 1] (`extract_context_feature`): jspec's features
+  from dflash.model import extract_context_feature
+  with torch.no_grad():
+    states = hf.model(input_ids=torch.from_numpy(tokens), output_hidden_states=True).hidden_states
+  np.testing.assert_allclose(feats, extract_context_feature(states, zm.target_layer_ids).numpy(),
+                             rtol=1e-4, atol=1e-4)
+  logits, drafts = _jspec(drafter, feats, tokens)
+  ref_logits, ref_ids = _zlab_reference(torch, zm, hf, feats, tokens)
+  worst = _rel(logits, ref_logits)
+  key = ("z-lab DFlash (z-lab's dflash 0.1.0)", "load", family)
+  print(f"\n| {' | '.join(key)} | {worst:.1e} |", end="")
+  assert worst <= TOL, f"{key}: logits differ by {worst:.2e} of their scale"
+  np.testing.assert_array_equal(drafts, ref_ids, err_msg=str(key))
 
 
 def _char_tokenizer(file):

@@ -13,7 +13,9 @@ not stored:
                        draft id + d2t[draft id]) and `t2d`
     z-lab              config `architectures: ["DFlashDraftModel"]`, a Qwen3 config with
                        `block_size`, `num_target_layers` and `dflash_config: {mask_token_id,
-                       target_layer_ids}`
+                       target_layer_ids}` (each read from dflash_config first, then the config,
+                       as z-lab's `dflash` package reads them); DFlash 2 (its convolutions and
+                       candidate selector), scaled embeddings or logits and causal layers refused
 
 Auxiliary layers. jspec's `feature_layers` are 0-based layer outputs. speculators' ids index
 Hugging Face's `hidden_states` tuple (entry i: the input of layer i), so jspec's layer is the
@@ -116,19 +118,42 @@ def _speculators_config(cfg: dict, target, where: str) -> tuple[dict, tuple, int
   return fields, _feature_layers(ids, target, 1, where), N
 
 
+# z-lab's DFlash 2 (`DFlash2DraftModel`): causal convolutions in every layer and a candidate
+# selector over the LM head's top ids, which jspec's DFlash does not run.
+_ZLAB_DFLASH2 = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 def _zlab_config(cfg: dict, target, where: str) -> tuple[dict, tuple, int]:
   _layer_checks(cfg, where)
   extra = cfg.get("dflash_config") or {}
   if not isinstance(extra, dict):
     raise CheckpointError(f"{where}: dflash_config must be an object")
-  ids = extra.get("target_layer_ids")
+  # z-lab's code reads each of these from dflash_config first, then from the config itself.
+  value = lambda name, default=None: extra.get(name, cfg.get(name, default))  # noqa: E731
+  found = [n for n in _ZLAB_DFLASH2 if value(n) is not None]
+  if "DFlash2DraftModel" in (cfg.get("architectures") or ()) or found:
+    what = ", ".join(found) or "DFlash2DraftModel"
+    raise CheckpointError(f"{where}: a z-lab DFlash 2 drafter ({what}: convolutions and a "
+                          f"candidate selector), which jspec does not run; jspec reads DFlash "
+                          f"(DFlashDraftModel)")
+  for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
+    if float(value(name, default)) != default:
+      raise CheckpointError(f"{where}: {name} {value(name)} is not supported (jspec's DFlash "
+                            f"embeds and reads the LM head unscaled)")
+  if value("final_logit_softcapping") is not None and float(value("final_logit_softcapping")):
+    raise CheckpointError(f"{where}: final_logit_softcapping is not supported")
+  if cfg.get("is_causal"):
+    raise CheckpointError(f"{where}: is_causal=true is not supported (jspec's DFlash block "
+                          f"attends both ways, as z-lab's full-attention layers do)")
+  ids = value("target_layer_ids")
   if ids is None:
     try:
       ids = _zlab_default_ids(int(cfg["num_target_layers"]), int(cfg["num_hidden_layers"]))
     except KeyError as e:
       raise CheckpointError(f"{where}: no dflash_config.target_layer_ids and no {e} to derive "
                             f"them from") from None
-  fields = dict(cfg, mask_token_id=extra.get("mask_token_id"))
+  # block_size: z-lab's default when it is named nowhere
+  fields = dict(cfg, mask_token_id=value("mask_token_id"), block_size=value("block_size", 16))
   return fields, _feature_layers(ids, target, 0, where), int(cfg.get("vocab_size") or 0)
 
 
