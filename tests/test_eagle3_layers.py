@@ -128,7 +128,13 @@ def start(eagle, tokens, feats, lengths, rng):
   return _init(eagle, jnp.asarray(prompt), jnp.asarray(lengths, jnp.int32), jnp.asarray(f))
 
 
-@pytest.mark.parametrize("name", list(OPTIONS))
+# "all" holds every option but norm_before_fc (exclusive with fc_norm); the single options
+# run in the slow lane.
+FAST = ("all", "norm_before_fc", "sliding window")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in OPTIONS])
 def test_chain_rounds_equal_a_plain_recompute(target, sequences, name):
   """Rounds with random acceptance and junk in every invalid entry: every layer's cache and
   the window's positions carried across rounds give the drafts a cache-free pass gives."""
@@ -200,21 +206,31 @@ def test_each_option_changes_the_drafts(target, sequences):
       assert not np.allclose(np.stack(scores), np.stack(other), atol=1e-3), f"{name}: {flag}"
 
 
-def test_greedy_equality_through_the_decode_loop(target):
-  """A three-layer head with every option: chains, a static tree and a dynamic tree decode
-  to the target's own greedy output, with some drafts accepted (rewinds exercised)."""
+def _greedy_runs(target, shapes):
+  """A three-layer head with every option (but norm_before_fc) decodes to the target's own
+  greedy output in each of `shapes`; returns the drafts accepted in all."""
   eagle = head(target, **OPTIONS["all"])
   prompts = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2]]
   ref = np.asarray(jspec.generate(target, prompts, max_new_tokens=24, eos_id=()).tokens)
   accepted = 0
-  for shape in (dict(num_draft_tokens=3), dict(num_draft_tokens=1),
-                dict(tree=jspec.Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 1, 0, 0))),
-                dict(tree=jspec.DynamicTree(6, 3, 2))):
+  for shape in shapes:
     out = jspec.speculative_generate(target, eagle, prompts, max_new_tokens=24, eos_id=(),
                                      **shape)
     np.testing.assert_array_equal(np.asarray(out.tokens), ref, err_msg=str(shape))
     accepted += int(np.sum(np.asarray(out.stats.accepted)))
-  assert accepted > 0
+  return accepted
+
+
+def test_greedy_equality_through_the_decode_loop(target):
+  """A chain of 3 and a static tree: the target's own greedy output, with some drafts accepted
+  (the loop's rewinds and the cache's hand-over exercised)."""
+  tree = jspec.Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 1, 0, 0))
+  assert _greedy_runs(target, [dict(num_draft_tokens=3), dict(tree=tree)]) > 0
+
+
+@pytest.mark.slow  # two more programs
+def test_greedy_equality_of_single_drafts_and_dynamic_trees(target):
+  _greedy_runs(target, [dict(num_draft_tokens=1), dict(tree=jspec.DynamicTree(6, 3, 2))])
 
 
 def test_options_survive_save_and_load(target, tmp_path):
