@@ -109,6 +109,8 @@ def many(args) -> dict:
   rng = np.random.default_rng(args.seed)
   N, B = args.requests, args.slots
   news = np.minimum(384, np.maximum(8, rng.lognormal(3.8, 0.9, size=N))).astype(int).tolist()
+  if args.new:  # every request this many new tokens (--new 1: prefill and insertion alone)
+    news = [args.new] * N
   prompts = [pool[i % len(pool)] for i in range(N)]
   outputs = {}
   wanted = args.runs.split(",")
@@ -206,6 +208,9 @@ def main(argv=None):
   parser.add_argument("--slots", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--new", type=int, default=0,
+                      help="many: every request this many new tokens instead of the drawn "
+                           "lengths (1: what prefill and insertion cost)")
   parser.add_argument("--runs", default="generate_many,static",
                       help="many: which of generate_many, static, vllm to time")
   parser.add_argument("--vllm", default=None, help="vLLM's venv (benchmarks/vllm_setup.sh)")

@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from jspec.tools import serve_bench
@@ -103,7 +104,8 @@ def run_config(config: str, args, prompts) -> dict:
   port = _port()
   base = f"http://127.0.0.1:{port}"
   command, env = _command(config, args, port)
-  log = open(os.path.join(args.out, f"{config}.log"), "w")
+  # Server logs beside the run, not in the records' folder.
+  log = open(os.path.join(tempfile.gettempdir(), f"jspec-serve-load-{config}.log"), "w")
   started = time.perf_counter()
   server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
   try:

@@ -304,12 +304,14 @@ def table(runs: list[dict]) -> str:
       base = first.get(rate)
       ratio = row["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] else None
       tau = f"{row['tau']:.2f}" if row.get("tau") else "-"
+      rounds = row.get("rounds_by_k")
+      rounds = ", ".join(f"{k.split('=')[-1].strip(chr(34))}: {v:g}" for k, v in
+                         rounds.items()) if rounds else "-"
       out.append(f"| {run['label']} | {rate:g} | {row['completed']} / {row['refused']} | "
                  f"{row['tokens_per_s']:.1f} | {'-' if ratio is None else f'{ratio:.2f}'} | "
                  f"{_s(row['ttft_p50'])} / {_s(row['ttft_p99'])} | {_ms(row['tpot_p50'])} / "
                  f"{_ms(row['tpot_p99'])} | {_s(row['e2e_p50'])} / {_s(row['e2e_p99'])} | "
-                 f"{tau} | "
-                 f"{row.get('rounds_by_k') or '-'} |")
+                 f"{tau} | {rounds} |")
   return "\n".join(out)
 
 
@@ -330,9 +332,12 @@ def plot(runs: list[dict], path: str) -> None:
               label=f"{run['label']} p50")
       ax.plot(rates, [scale * (r[f"{key}_p99"] or np.nan) for r in rows], "x--",
               color=l.get_color(), label=f"{run['label']} p99")
+  rates = sorted({r["rate"] for run in runs for r in run["rows"]})
   for ax, title in zip(axes, ("output tokens/s", "time to first token (s)",
                               "time per output token (ms)")):
     ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(rates, [f"{r:g}" for r in rates])
     ax.set_xlabel("request rate (req/s)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
