@@ -259,17 +259,21 @@ def test_constraints_per_request_through_the_engine(target, close_draft, regex, 
                for p, c in zip(prompts, per_row)]
     outs = [h.result(timeout=300) for h in handles]
     third = jspec.Constraint.from_regex("[0-9]+", VOCAB, eos_ids=[EOS])
-    held = engine.submit(prompts[0], max_new_tokens=40, constraint=regex)
-    with pytest.raises(engine_lib.ConstraintsFull, match="does not fit"):
-      engine.submit(prompts[1], max_new_tokens=4, constraint=schema)  # fits: reused
-      engine.submit(prompts[1], max_new_tokens=4, constraint=third)
-    held.result(timeout=300)
-    engine.submit(prompts[1], max_new_tokens=4, constraint=schema).result(timeout=300)
     # Neither regex nor schema is in use now: the third takes the room of the older.
     late = engine.submit(prompts[2], max_new_tokens=8, constraint=third).result(timeout=300)
-    with pytest.raises(ValueError, match="without constraints"):
-      jspec.Engine(target, slots=1, cache_length=32, start=False).submit(
-          prompts[0], max_new_tokens=2, constraint=regex)
+  # Requests that wait (an engine not started) hold their constraints' room.
+  idle = jspec.Engine(target, close_draft, slots=2, num_draft_tokens=3, cache_length=64,
+                      eos_id=[EOS], constraints=Q, start=False)
+  waiting = [idle.submit(prompts[0], max_new_tokens=4, constraint=regex),
+             idle.submit(prompts[1], max_new_tokens=4, constraint=schema),
+             idle.submit(prompts[3], max_new_tokens=4, constraint=schema)]  # shares its room
+  with pytest.raises(engine_lib.ConstraintsFull, match="does not fit"):
+    idle.submit(prompts[2], max_new_tokens=4, constraint=third)
+  assert waiting[0].cancel()  # the regex is in use no more: its room goes to the third
+  idle.submit(prompts[2], max_new_tokens=4, constraint=third)
+  with pytest.raises(ValueError, match="without constraints"):
+    jspec.Engine(target, slots=1, cache_length=32, start=False).submit(
+        prompts[0], max_new_tokens=2, constraint=regex)
   for prompt, c, out in zip(prompts, per_row, outs):
     alone = jspec.generate(target, [prompt], max_new_tokens=12, eos_id=[EOS],
                            constraint=None if c is None else [c])
