@@ -469,8 +469,10 @@ class Engine:
     max_draft_tokens: at most this many of each round's drafts are judged (chains only);
     constraint: a `jspec.Constraint` the new tokens follow (an engine built with
     `constraints=Q`); ignore_eos: the engine's EOS ids do not end this request (it runs
-    to max_new_tokens or a stop id; load generators use it for answers of a set length). Raises ValueError / TypeError for bad input, `QueueFull` when
-    `max_queue` requests already wait, `EngineClosed` after `close`."""
+    to max_new_tokens or a stop id; load generators use it for answers of a set length).
+    Raises ValueError / TypeError for bad input, `QueueFull` when `max_queue` requests
+    already wait beyond the free slots, `ConstraintsFull` when its constraint does not fit
+    beside those in use, `EngineClosed` after `close`."""
     rid = next(self._ids)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                     repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
@@ -515,9 +517,9 @@ class Engine:
     return handle
 
   def _ended(self, handle: Handle, reason: str, stats=None):
-    """Finish `handle` and give its constraint back (the caller holds no lock)."""
+    """Finish `handle` and give its constraint back."""
     if handle._constraint is not None:
-      with self._lock:
+      with self._lock:  # reentrant: `cancel` calls this holding it
         self._pool.release(handle._constraint)
     handle._finish(reason, stats)
 
@@ -532,9 +534,7 @@ class Engine:
       for p in self._pending:
         if p.handle is handle:
           self._pending.remove(p)
-          if handle._constraint is not None:
-            self._pool.release(handle._constraint)
-          handle._finish("cancelled")
+          self._ended(handle, "cancelled")
           return True
       for b, p in enumerate(self._owner):
         if p is not None and p.handle is handle:
