@@ -1,0 +1,14 @@
+"""The measurement harness: one way to name a method, a prompt set, a run and its record.
+
+    methods    the method registry ("ngram:3", "lookahead:5,4,3", "eagle3@tree=32,4,8", a
+               drafter folder, "auto" over any of them) and the target resolver (targets)
+    workloads  named prompt sets (the held-out chat kinds, Spec-Bench / MT-Bench, a JSONL)
+    runner     the one runner: compile outside timing, repeats interleaved with the order
+               alternating, memory carried, greedy equality with plain decoding enforced
+    records    the one record type, written as JSON lines under a header naming the machine
+    metrics    pure functions of records (tau, acceptance by position, paired speedup, ...)
+    report     tables by any axis, and plots
+
+Studies (`jspec bench`, `jspec measure`, the scripts of benchmarks/) are short
+declarations over these. Nothing in the decoding path imports this package.
+"""
