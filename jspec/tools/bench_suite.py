@@ -18,7 +18,8 @@ import sys
 import time
 from typing import Any
 
-from jspec.tools import suite, suite_methods
+from jspec.bench import questions as suite
+from jspec.tools import suite_methods
 
 DEFAULT_PER_CATEGORY = 3
 

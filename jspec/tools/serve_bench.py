@@ -81,7 +81,7 @@ def workload(name: str) -> list[dict]:
     return [{"messages": [{"role": "user", "content": p["content"]}]}
             for p in chat_prompts() if p["kind"] in kinds]
   if name in ("mt-bench", "spec-bench") or name.startswith("spec-bench:"):
-    from jspec.tools import suite
+    from jspec.bench import questions as suite
 
     path = name.split(":", 1)[1] if ":" in name else suite.default_questions()
     return [{"messages": [{"role": "user", "content": q.turns[0]}]}

@@ -4,7 +4,7 @@
         [--methods ngram,suffix,...] [--max-new-tokens 128] [--repeats 1] [--sampled]
         [--corpus FILE] [--target smollm2] [--json out.json] [--plot out.png]
 
-Questions come from a file in Spec-Bench's format (`jspec.tools.suite`); methods from the
+Questions come from a file in Spec-Bench's format (`jspec.bench.questions`); methods from the
 registry in `jspec.tools.suite_methods`. What runs, question by question:
 
   prompts   each user turn through the target's chat template. A question of two turns

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from jspec.tools import bench_timing, suite
+from jspec.bench import questions as suite
+from jspec.tools import bench_timing
 
 
 def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict:

@@ -1,4 +1,4 @@
-"""Question suites for `jspec bench --suite spec-bench`: the file format, the categories, sampling.
+"""Question suites in Spec-Bench's format (a workload of `jspec.bench.workloads`): the file format, the categories, sampling.
 
 A suite file is Spec-Bench's (hemingkx/Spec-Bench, data/spec_bench/question.jsonl, Apache-2.0):
 one JSON object a line,
