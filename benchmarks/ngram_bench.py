@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jspec
-from jspec.tools import costs
+from jspec.bench import costs
 from jspec.core.stats import ideal_speedup
 from jspec.core.drafter import DraftContext
 from jspec.drafters.ngram import NGram

@@ -21,7 +21,7 @@ MODULES = (
     "jspec.core.acceptance",
     "jspec.planner.api",
     "jspec.io.checkpoint",
-    "jspec.tools.costs",
+    "jspec.bench.costs",
     "jspec.drafters.datastore",
     "jspec.core.decode",
     "jspec.planner.inputs",

@@ -8,6 +8,7 @@ import pytest
 import jspec
 from conftest import ragged_prompts, require
 from jspec.core.stats import acceptance_rates
+from jspec.bench import costs
 from jspec.tools import measure
 
 
@@ -76,8 +77,8 @@ def test_report_with_a_lookup_drafter(target):
 @pytest.mark.slow
 def test_report_with_lookahead_counts_its_whole_verify_block(target):
   la = jspec.Lookahead(target.vocab_size, window=3, ngram=3, guesses=2)
-  assert measure.verify_width(la, 2) == 1 + 2 * 2 + 2 + 3  # tree, then the side branch
-  assert measure.verify_width(jspec.NGram(target.vocab_size), 2) == 3
+  assert costs.verify_width(la, 2) == 1 + 2 * 2 + 2 + 3  # tree, then the side branch
+  assert costs.verify_width(jspec.NGram(target.vocab_size), 2) == 3
   report = measure.measure(target, la, [[1, 2, 3, 4, 1, 2, 3]], ks=(2,), max_new_tokens=8,
                            repeats=1)
   row = report["rows"][0]

@@ -13,7 +13,7 @@ import numpy as np
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeStats:
-  """Per-row counters a run accumulates (tau, acceptance: `jspec.tools.costs`).
+  """Per-row counters a run accumulates (tau and acceptance: `jspec.bench.metrics`).
 
   K is the program's largest draft length (a tree's depth). One definition serves
   every counter: a draft counts as accepted only if it was emitted. A round that

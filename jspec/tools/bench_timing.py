@@ -252,7 +252,7 @@ def device_report(target: Model, draft: Model, batches, ks, s: Settings,
                        of its standalone calls (T_verify + K T_draft): the loop's own
                        overhead, which bounds measured / ideal.
   """
-  from jspec.tools import costs
+  from jspec.bench import costs
   from jspec.core.stats import ideal_speedup
 
   vocab = target.vocab_size

@@ -19,25 +19,21 @@ speculative runs interleaved:
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jspec.tools import costs
+from jspec.bench.workloads import chat_prompt_ids, read_chat_prompts, read_prompts  # noqa: F401  (their home is the harness's workloads)
+from jspec.bench import costs
+from jspec.bench.costs import round_time, verify_width
 
 from jspec.core.stats import acceptance_rates, ideal_speedup
 from jspec.tools import latency as lat
 from jspec.planner.api import generate, speculative_generate
 from jspec.planner.inputs import cache_bucket
-from jspec.drafters.draft_model import DraftModel
-from jspec.core.decode import DecodeConfig
-from jspec.core.dynamic_tree import DynamicTree
-from jspec.core.drafter import BranchDrafter, DraftContext, target_for, uses_features
-from jspec.core.drafter import prepared as prepared_drafter
+from jspec.core.drafter import BranchDrafter
 from jspec.core.model import Model
 
 
@@ -68,61 +64,6 @@ def per_prompt(outs) -> list[dict]:
       rows.append({"tau": float(lengths[b] / max(calls[b], 1)), "accept_hist": hist[b].tolist(),
                    "position_acceptance": [float(a) for a in accept[b]]})
   return rows
-
-
-def round_time(drafter, batch: int, k: int, cache_length: int, prefix: int = 64,
-               repeats: int = 20, target: Model | None = None, tree=None) -> float:
-  """Median wall time of one `drafter.propose` of k drafts (with `tree`, a static
-  `jspec.Tree`: one `propose_tree`; a `jspec.DynamicTree`: one `propose_dynamic`), jitted alone (greedy), on the
-  drafter in decoding form (`decode.prepared`, inside the program, as the decode loop
-  runs it: per-layer weights, a reduced vocabulary's rows gathered once).
-  A drafter that reads the target's features needs `target` (for their width; the
-  features themselves are zeros: the cost does not depend on them)."""
-  if isinstance(drafter, Model):
-    drafter = DraftModel(drafter)
-  tokens = jnp.ones((batch, prefix + 1), jnp.int32)
-  lengths = jnp.full((batch,), prefix + 1, jnp.int32)
-  buffer = jnp.zeros((batch, cache_length), jnp.int32).at[:, :prefix + 1].set(tokens)
-  if uses_features(drafter):
-    if target is None:
-      raise ValueError(f"{type(drafter).__name__} reads the target's features: pass target=")
-    seen = target_for(target, drafter)
-    width = jax.eval_shape(lambda: seen.apply(tokens[:, :1], seen.init_cache(batch, 8),
-                                              jnp.zeros((batch,), jnp.int32)))[1].shape[-1]
-    feats = jnp.zeros((batch, prefix, width), jnp.float32)
-    state = jax.jit(lambda d, t, n, f: d.init(t, n, cache_length, f))(drafter, tokens, lengths,
-                                                                       feats)
-    context = DraftContext(tokens=buffer, lengths=lengths,
-                           features=jnp.zeros((batch, k + 1, width), jnp.float32),
-                           feature_start=lengths - 2 - k)
-  else:
-    state = jax.jit(lambda d, t, n: d.init(t, n, cache_length))(drafter, tokens, lengths)
-    context = DraftContext(tokens=buffer, lengths=lengths)
-  keys = jax.vmap(jax.random.key)(jnp.arange(batch, dtype=jnp.int32))
-  # Prepared once outside the timed calls: the decode loop prepares once per program,
-  # before its rounds.
-  drafter = jax.jit(prepared_drafter)(drafter)
-  if tree is None:
-    propose = jax.jit(lambda d, s, c, kk: d.propose(s, c, k, None, kk)[0])
-  elif isinstance(tree, DynamicTree):  # grown from the drafter's confidences (EAGLE-2)
-    propose = jax.jit(lambda d, s, c, kk: d.propose_dynamic(s, c, tree, None, kk)[0])
-  else:
-    propose = jax.jit(lambda d, s, c, kk: d.propose_tree(s, c, tree, None, kk)[0])
-  jax.block_until_ready(propose(drafter, state, context, keys))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(propose(drafter, state, context, keys))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-def verify_width(drafter, k: int) -> int:
-  """Tokens in one verify call at K = k: k + 1, or a branch drafter's tree and side branch."""
-  if isinstance(drafter, BranchDrafter):
-    return DecodeConfig(num_draft_tokens=drafter.verify_tree(k).max_depth, cache_length=0,
-                        tree=drafter.verify_tree(k), side=drafter.side_tree()).block_width
-  return k + 1
 
 
 def _batches(prompts, batch_size):
@@ -280,98 +221,3 @@ def plot(report: dict, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
-
-
-def read_prompts(path: str) -> list[str]:
-  """Text prompts from a file: JSONL (a string, or an object with "prompt" or
-  "text", per line) when the name ends in .jsonl; otherwise prompts separated
-  by lines holding only `---` (a file without one is a single prompt)."""
-  if not path.endswith(".jsonl"):
-    return _separated(path)
-  prompts = []
-  for where, item in _jsonl(path):
-    if isinstance(item, dict):
-      if "messages" in item and not ("prompt" in item or "text" in item):
-        raise ValueError(f"{where}: a 'messages' row is a conversation: read it with "
-                         f"read_chat_prompts (on the command line: --chat)")
-      item = item.get("prompt", item.get("text"))
-    if not isinstance(item, str) or not item:
-      raise ValueError(f"{where}: expected a string or an object with a non-empty "
-                       f"'prompt' or 'text' field")
-    prompts.append(item)
-  return _nonempty(prompts, path)
-
-
-def read_chat_prompts(path: str) -> list[list[dict]]:
-  """Conversations for a chat model, to be put through its chat template
-  (`chat_prompt_ids`): from JSONL, per line an object with "messages" (a list of
-  {"role", "content"} dicts) or "text" (or "prompt": one user message), or a string
-  (one user message); from any other file, prompts separated by `---` lines, each one
-  user message. Every row is checked here, before any model is loaded."""
-  user = lambda text: [{"role": "user", "content": text}]
-  if not path.endswith(".jsonl"):
-    return [user(p) for p in _separated(path)]
-  conversations = []
-  for where, item in _jsonl(path):
-    if isinstance(item, dict) and "messages" in item:
-      messages = item["messages"]
-      if not isinstance(messages, list) or not messages or not all(
-          isinstance(m, dict) and isinstance(m.get("role"), str)
-          and isinstance(m.get("content"), str) for m in messages):
-        raise ValueError(f"{where}: 'messages' must be a non-empty list of "
-                         f'{{"role": ..., "content": ...}} objects with string values')
-      conversations.append([{"role": m["role"], "content": m["content"]} for m in messages])
-      continue
-    if isinstance(item, dict):
-      item = item.get("text", item.get("prompt"))
-    if not isinstance(item, str) or not item:
-      raise ValueError(f"{where}: expected an object with 'text' (one user message) or "
-                       f"'messages' (a list of role/content objects), or a string")
-    conversations.append(user(item))
-  return _nonempty(conversations, path)
-
-
-def chat_prompt_ids(tokenizer, conversations, where: str = "the model") -> list[list[int]]:
-  """Token ids of each conversation under the tokenizer's chat template, ending with the
-  header of the assistant's turn (the prompt a chat model answers)."""
-  if tokenizer is None or tokenizer.chat_template is None:
-    raise ValueError(f"{where} has no chat template to apply; encode the prompts as plain "
-                     f"text (on the command line: without --chat)")
-  return [[int(i) for i in tokenizer.apply_chat_template(c, add_generation_prompt=True,
-                                                          tokenize=True)]
-          for c in conversations]
-
-
-def _jsonl(path: str):
-  """("path:line", parsed JSON) of each non-blank line."""
-  with open(path, encoding="utf-8") as f:
-    content = f.read()
-  for n, line in enumerate(content.splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      item = json.loads(line)
-    except ValueError as e:
-      raise ValueError(f"{path}:{n}: not JSON: {e}") from e
-    yield f"{path}:{n}", item
-
-
-def _separated(path: str) -> list[str]:
-  """Prompts separated by lines holding only `---`."""
-  with open(path, encoding="utf-8") as f:
-    content = f.read()
-  parts, current = [], []
-  for line in content.splitlines(keepends=True):
-    if line.strip() == "---":
-      parts.append("".join(current))
-      current = []
-    else:
-      current.append(line)
-  parts.append("".join(current))
-  return _nonempty([p for p in parts if p.strip()], path)
-
-
-def _nonempty(prompts: list, path: str) -> list:
-  if not prompts:
-    raise ValueError(f"{path}: no prompts found")
-  return prompts

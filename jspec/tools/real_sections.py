@@ -326,7 +326,7 @@ def verify_costs(target: Model, k: int, cache_length: int, calls: int = 10,
   costing more than a step is what speculation must win back: the ideal speedup of
   a drafter whose proposals cost nothing (n-gram lookup, nearly) is tau / ratio.
   """
-  from jspec.tools import costs
+  from jspec.bench import costs
 
   loop = call_times.loop_times(target, 1, [1, k + 1], cache_length, calls, repeats)
   step = costs.call_time(target, 1, 1, cache_length, repeats=calls)

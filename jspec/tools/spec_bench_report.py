@@ -31,7 +31,8 @@ def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict
   median prompt's cache length and prefix (costs move little with either)."""
   from jspec.core.drafter import BranchDrafter
   from jspec.drafters.suffix import SuffixMemory
-  from jspec.tools import costs, measure
+  from jspec.bench import costs
+  from jspec.bench.costs import round_time, verify_width
   from jspec.tools.spec_bench import MEMORY_SLOTS
 
   mid = sorted(items, key=lambda it: it["prompt_tokens"])[len(items) // 2]
@@ -52,7 +53,7 @@ def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict
     per_k = {}
     for k in ks:
       tree = getattr(built, "tree", None)
-      width = measure.verify_width(drafter, k) if tree is None else tree.num_nodes
+      width = verify_width(drafter, k) if tree is None else tree.num_nodes
       if width not in verify:
         verify[width] = costs.call_time(target, 1, width, S, repeats=repeats, prefix=prefix)
       note = None
@@ -60,7 +61,7 @@ def measure_costs(target, methods: dict, items: list, repeats: int = 10) -> dict
         t_round = 0.0
       else:
         try:
-          t_round = measure.round_time(drafter, 1, k, S, prefix=prefix, repeats=repeats,
+          t_round = round_time(drafter, 1, k, S, prefix=prefix, repeats=repeats,
                                        target=target, tree=tree)
         except Exception as e:  # a drafter the timing harness does not know how to drive
           t_round, note = None, f"draft round not timed: {type(e).__name__}: {e}"

@@ -1,0 +1,201 @@
+"""Figures as pure functions of records (`jspec.bench.records.Record`); no model, no timing.
+
+    tau(records)                    tokens emitted / target calls, summed
+    acceptance(records)             [K] per draft position: accepted / judged, summed
+    alpha(records)                  accepted drafts / judged drafts (Leviathan et al.'s rate)
+    tokens_per_s(records)           tokens / median over repeats of the summed seconds
+    paired_speedup(base, records)   median over repeats of the ratio of summed seconds,
+                                    each pair timed in the same repeat
+    percentiles(values)             p50 / p90 / p99
+    predicted_speedup(...)          tau * T_step / (T_verify + T_draft_round)
+    group(records, *axes)           {key: records} by method, workload, or any axis
+
+Acceptance by position uses `DecodeStats`'s own definitions (a draft counts as accepted
+only if it was emitted), summed, not re-derived.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable
+
+from jspec.core.stats import ideal_speedup
+
+
+def _list(records) -> list:
+  out = list(records)
+  if not out:
+    raise ValueError("no records")
+  return out
+
+
+def tau(records) -> float:
+  """Tokens emitted per target call, over all rows of all records."""
+  rs = _list(records)
+  calls = sum(r.calls for r in rs)
+  return sum(r.tokens for r in rs) / calls if calls else float("nan")
+
+
+def _positions(rs) -> tuple[list[int], list[int]]:
+  width = max((len(r.judged) for r in rs), default=0)
+  judged, accepted = [0] * width, [0] * width
+  for r in rs:
+    for i, (j, a) in enumerate(zip(r.judged, r.accepted)):
+      judged[i] += j
+      accepted[i] += a
+  return judged, accepted
+
+
+def acceptance(records) -> list[float]:
+  """[K] of the rounds that judged draft position i, the fraction that accepted it (NaN
+  where no round judged it); K the widest record's."""
+  judged, accepted = _positions(_list(records))
+  return [a / j if j else float("nan") for a, j in zip(accepted, judged)]
+
+
+def alpha(records) -> float:
+  """Accepted drafts over judged drafts, all positions (NaN where none was judged)."""
+  judged, accepted = _positions(_list(records))
+  return sum(accepted) / sum(judged) if sum(judged) else float("nan")
+
+
+def rounds_by_k(records) -> dict[int, int]:
+  """{K: rounds} summed ("auto"'s choices); empty for fixed-K records."""
+  out: dict[int, int] = {}
+  for r in _list(records):
+    for k, n in r.rounds_by_k.items():
+      out[int(k)] = out.get(int(k), 0) + int(n)
+  return dict(sorted(out.items()))
+
+
+def repeat_seconds(records) -> list[float]:
+  """[R] seconds of each repeat, summed over the records (all timed R times)."""
+  rs = _list(records)
+  counts = {len(r.seconds) for r in rs}
+  if len(counts) != 1 or 0 in counts:
+    raise ValueError(f"records timed a different number of repeats: {sorted(counts)}")
+  return [sum(r.seconds[i] for r in rs) for i in range(counts.pop())]
+
+
+def seconds(records) -> float:
+  """Median over repeats of the summed seconds."""
+  return statistics.median(repeat_seconds(records))
+
+
+def tokens_per_s(records) -> float:
+  """Tokens of all records over the median repeat's summed seconds."""
+  rs = _list(records)
+  return sum(r.tokens for r in rs) / seconds(rs)
+
+
+def paired_speedup(base, records) -> float:
+  """Median over repeats r of (base's summed seconds in r) / (these records' in r).
+
+  The two sets must cover the same prompts (the same work for greedy runs); a ratio of
+  runs timed next to each other cancels the drift of a shared machine that a ratio of two
+  medians over the whole run does not."""
+  b, x = _list(base), _list(records)
+  if sorted(r.prompt for r in b) != sorted(r.prompt for r in x):
+    raise ValueError("paired_speedup: the two sets of records cover different prompts")
+  bs, xs = repeat_seconds(b), repeat_seconds(x)
+  if len(bs) != len(xs):
+    raise ValueError(f"paired_speedup: {len(bs)} repeats against {len(xs)}")
+  return statistics.median(p / q for p, q in zip(bs, xs))
+
+
+def speedup(base, records) -> float:
+  """Tokens/s over base's tokens/s, each repeat's ratio taken in the same repeat (equal to
+  `paired_speedup` where both emitted the same tokens, as greedy runs do)."""
+  b, x = _list(base), _list(records)
+  return paired_speedup(b, x) * sum(r.tokens for r in x) / max(sum(r.tokens for r in b), 1)
+
+
+def predicted_steps(records, costs_by_k: dict, k) -> tuple[float | None, float | None]:
+  """The records' rounds priced in target steps: (where a verify costs one step, with this
+  machine's verify costs). costs_by_k: {K: {"verify_over_step_here",
+  "draft_round_over_step"}} as measured for the method; a K = 0 round ("auto" not
+  drafting) costs one step either way. k: the method's K (a tree's depth), or "auto".
+  (None, None) where a K's cost is missing."""
+  rs = _list(records)
+  by_k = rounds_by_k(rs)
+  if not by_k:  # a fixed K: every round at it; "auto" that never drafted: plain rounds
+    by_k = {0 if k == "auto" else int(k): sum(r.calls for r in rs)}
+  accel = here = 0.0
+  for kk, n in by_k.items():
+    if n == 0:
+      continue
+    if kk == 0:
+      accel += n
+      here += n
+      continue
+    c = costs_by_k.get(kk, costs_by_k.get(str(kk)))
+    if c is None or c.get("draft_round_over_step") is None:
+      return None, None
+    accel += n * (1.0 + c["draft_round_over_step"])
+    here += n * (c["verify_over_step_here"] + c["draft_round_over_step"])
+  return accel, here
+
+
+def predicted(records, costs_by_k: dict, k) -> tuple[float | None, float | None]:
+  """Tokens over `predicted_steps`: the speedup the measured tau and costs allow, (where a
+  verify costs one step, with this machine's verify costs); tau * T_step / (T_verify +
+  T_draft_round) per round, `jspec.core.stats.ideal_speedup`'s form."""
+  rs = _list(records)
+  tokens = sum(r.tokens for r in rs)
+  accel, here = predicted_steps(rs, costs_by_k, k)
+  return (tokens / accel if accel else None), (tokens / here if here else None)
+
+
+def ratio_of_medians(base, records) -> float:
+  """Median base seconds / median seconds (where repeats were not paired)."""
+  return seconds(base) / seconds(records)
+
+
+def percentiles(values: Iterable[float], ps=(50, 90, 99)) -> dict[str, float]:
+  """{"p50": ..., ...}: linear interpolation between closest ranks (numpy's default)."""
+  xs = sorted(float(v) for v in values)
+  if not xs:
+    return {f"p{p}": float("nan") for p in ps}
+  out = {}
+  for p in ps:
+    at = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(at), math.ceil(at)
+    out[f"p{p}"] = xs[lo] + (xs[hi] - xs[lo]) * (at - lo)
+  return out
+
+
+def all_equal(records) -> bool | None:
+  """Whether every compared record equals plain decoding (None: none was compared)."""
+  seen = [r.equal for r in _list(records) if r.equal is not None]
+  return all(seen) if seen else None
+
+
+def predicted_speedup(tau_: float, t_step: float, t_verify: float, t_draft_round: float) -> float:
+  """tau * T_step / (T_verify + T_draft_round): what measured call costs allow
+  (`jspec.core.stats.ideal_speedup` with the round's draft cost as one call)."""
+  return ideal_speedup(tau_, 1, t_step, t_verify, t_draft_round)
+
+
+def group(records, *keys: str) -> dict:
+  """{key tuple (or value, for one key): [records]} in first-seen order. A key is a
+  Record field (`method`, `workload`, `prompt`, `study`) or an axis name."""
+  out: dict = {}
+  for r in records:
+    k = tuple(_value(r, key) for key in keys)
+    out.setdefault(k[0] if len(keys) == 1 else k, []).append(r)
+  return out
+
+
+def _value(r, key: str):
+  if key in ("method", "workload", "prompt", "study"):
+    return getattr(r, key)
+  if key not in r.axes:
+    raise KeyError(f"record {r.method!r} on {r.prompt!r} has no axis {key!r} "
+                   f"(axes: {sorted(r.axes)})")
+  return r.axes[key]
+
+
+def select(records, **where) -> list:
+  """The records whose fields / axes equal every given value."""
+  return [r for r in records if all(_value(r, k) == v for k, v in where.items())]
