@@ -22,6 +22,11 @@ MODULES = (
     "jspec.planner.api",
     "jspec.io.checkpoint",
     "jspec.bench.costs",
+    "jspec.bench.metrics",
+    "jspec.bench.records",
+    "jspec.bench.report",
+    "jspec.bench.runner",
+    "jspec.bench.workloads",
     "jspec.drafters.datastore",
     "jspec.core.decode",
     "jspec.planner.inputs",
@@ -268,3 +273,38 @@ def test_readme_links_the_documentation():
   wanted = ["docs/README.md"] + [f"docs/{t}.md" for t in TOPICS]
   missing = [w for w in wanted if w not in targets]
   assert not missing, f"README.md does not link to: {missing}"
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _record_files() -> list[pathlib.Path]:
+  return sorted((DOCS / "bench").rglob("*.jsonl"))
+
+
+def test_every_record_file_reads_under_the_schema():
+  """docs/bench/**/*.jsonl: a header and records of `jspec.bench.records`' schema."""
+  from jspec.bench import records
+
+  files = _record_files()
+  assert files, "no records under docs/bench"
+  for path in files:
+    head, recs = records.read(str(path))
+    assert head["study"] and recs, path
+
+
+def test_every_quoted_table_is_what_its_records_say():
+  """A table between `<!-- table NAME FILE -->` markers in README or docs is rendered from
+  FILE by `jspec.bench.report.TABLES[NAME]`, and must be exactly that."""
+  from jspec.bench import report
+
+  found, wrong = 0, []
+  for page in _markdown_files():
+    for name, path, shown in report.quoted_tables(page.read_text(encoding="utf-8")):
+      found += 1
+      fresh = report.render(name, str(ROOT / path))
+      if fresh != shown:
+        wrong.append(f"{page.relative_to(ROOT)}: table {name} from {path}:\n{fresh}")
+  assert found, "no quoted tables found: the markers' form changed?"
+  assert not wrong, ("tables that differ from their records (python -c 'from jspec.bench "
+                     "import report; ...refresh'):\n" + "\n".join(wrong))

@@ -60,6 +60,7 @@ class Record:
                        f"{list(self.judged)})")
 
   def to_json(self) -> dict:
+    """The record as one JSON object (tuples as lists, K keys as strings)."""
     d = dataclasses.asdict(self)
     d["judged"], d["accepted"], d["seconds"] = (list(self.judged), list(self.accepted),
                                                list(self.seconds))
@@ -68,6 +69,7 @@ class Record:
 
   @classmethod
   def from_json(cls, d: dict) -> "Record":
+    """A record from `to_json`'s object; a ValueError naming any field it does not know."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - known
     if unknown:

@@ -75,15 +75,19 @@ class Variant:
 
   @property
   def greedy(self) -> bool:
+    """Temperature 0: its answers are compared with plain decoding's."""
     return self.temperature == 0
 
 
 def plain(temperature: float = 0.0) -> Variant:
+  """Plain decoding, the reference every greedy variant is compared with."""
   return Variant(PLAIN if temperature == 0 else f"{PLAIN}@T{temperature:g}", None, temperature)
 
 
 @dataclasses.dataclass
 class Result:
+  """What `run` returns: the records, and every greedy answer that differed from plain's."""
+
   records: list
   mismatches: list  # {"prompt", "method", "first_difference", ...}
 
@@ -160,6 +164,7 @@ def answers(out) -> list[np.ndarray]:
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> int:
+  """The first index where two answers differ (the shorter's length when one is a prefix)."""
   n = min(len(a), len(b))
   diff = np.flatnonzero(a[:n] != b[:n])
   return int(diff[0]) if diff.size else n

@@ -54,6 +54,8 @@ class Prompt:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
+  """A named, ordered set of prompts."""
+
   name: str
   prompts: tuple[Prompt, ...]
 
@@ -86,6 +88,7 @@ def pick(prompts: list[dict], per_kind: int) -> list[dict]:
 
 
 def user(text: str) -> tuple:
+  """A conversation of one user message."""
   return ({"role": "user", "content": text},)
 
 
