@@ -82,19 +82,38 @@ class Record:
     return cls(**d)
 
 
-def from_output(out, **fields) -> Record:
+def from_output(out, per_row: bool = False, **fields) -> Record:
   """A record of one call's output (`jspec.generate` / `speculative_generate`): tokens,
-  target calls, rounds and acceptance by position, summed over the batch's rows."""
+  target calls, rounds and acceptance by position, summed over the batch's rows; per_row:
+  each row's own in `extra["rows"]` too (`rows`)."""
   import numpy as np
 
   st = out.stats
   calls = np.asarray(st.target_calls)
   by_k = {int(k): int(v) for k, v in (out.rounds_by_k or {}).items()}
+  if per_row:
+    lengths, judged = np.asarray(out.lengths), np.asarray(st.position_judged)
+    accepted = np.asarray(st.position_accepted)
+    extra = dict(fields.pop("extra", {}))
+    extra["rows"] = [{"tokens": int(lengths[b]), "calls": int(calls[b]),
+                      "judged": [int(x) for x in judged[b]],
+                      "accepted": [int(x) for x in accepted[b]]} for b in range(len(lengths))]
+    fields["extra"] = extra
   return Record(tokens=int(np.sum(np.asarray(out.lengths))), calls=int(np.sum(calls)),
                 rounds=int(np.max(calls)) if calls.size else 0,
                 judged=tuple(int(x) for x in np.sum(np.asarray(st.position_judged), axis=0)),
                 accepted=tuple(int(x) for x in np.sum(np.asarray(st.position_accepted), axis=0)),
                 rounds_by_k=by_k, **fields)
+
+
+def rows(record: Record) -> list[Record]:
+  """The record's rows as records of their own (its seconds kept on each: time is the
+  call's, not a row's); itself when it holds one row."""
+  if "rows" not in record.extra:
+    return [record]
+  return [dataclasses.replace(record, tokens=r["tokens"], calls=r["calls"], rounds=r["calls"],
+                              judged=tuple(r["judged"]), accepted=tuple(r["accepted"]),
+                              extra={}) for r in record.extra["rows"]]
 
 
 def machine() -> dict:

@@ -127,6 +127,8 @@ def shapes(prompt_length: int, max_new_tokens: int) -> tuple[int, int]:
 
 
 def _ids(target, prompt: Prompt, history: list) -> list[int]:
+  if prompt.ids is not None:
+    return list(prompt.ids)
   if prompt.text is not None:
     return [int(i) for i in target.tokenizer.encode(prompt.text)]
   return encode(target.tokenizer, history, where="the target")
@@ -247,7 +249,8 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
       recs.append(R.from_output(outs[v.name], study=study, method=v.name,
                                 workload=workload.name, prompt=where,
                                 axes={**axes, "temperature": v.temperature, **v.axes},
-                                seconds=tuple(times[v.name]), equal=equal))
+                                seconds=tuple(times[v.name]), equal=equal,
+                                per_row=len(rows) > 1))
     # What the next turn and the memories see: plain greedy's answer (every greedy
     # method's, when equal), else the first variant's.
     said = answers(outs[reference or names[0]])

@@ -12,7 +12,8 @@
 
 A `Prompt` is a conversation to answer (`messages`, ending with a user message), with
 later user turns (`turns`) a runner answers one after the other, the model's answer to
-each carried into the next, as Spec-Bench runs MT-Bench; or a plain `text`.
+each carried into the next, as Spec-Bench runs MT-Bench; or a plain `text`; or token
+`ids` already encoded (`from_ids`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Prompt:
   messages: tuple = ()  # ({"role", "content"}, ...), the last a user message
   turns: tuple[str, ...] = ()  # later user turns, answered one after the other
   text: str | None = None  # a plain-text prompt (no chat template)
+  ids: tuple[int, ...] | None = None  # token ids, encoded by the caller
 
   @property
   def group(self) -> str:
@@ -69,6 +71,17 @@ class Workload:
     by = {c: [p for p in self.prompts if p.category == c] for c in cats}
     return Workload(self.name, tuple(by[c][i] for i in range(n) for c in cats
                                      if i < len(by[c])))
+
+
+def from_ids(name: str, prompts) -> Workload:
+  """A workload of prompts already encoded (lists of token ids), ids "0", "1", ..."""
+  out = []
+  for i, p in enumerate(prompts):
+    ids = tuple(int(t) for t in p)
+    if not ids:
+      raise ValueError(f"prompt {i} of {name!r} is empty")
+    out.append(Prompt(str(i), ids=ids))
+  return Workload(name, tuple(out))
 
 
 def chat_prompts(checkpoints: str | None = None) -> list[dict]:
