@@ -8,12 +8,15 @@
 Each config starts its server on 127.0.0.1 (jspec: `jspec serve` on SmolLM2-135M-Instruct,
 32 slots, every program compiled before the first request; vLLM: its OpenAI server on the same
 weights exported as a Hugging Face folder, f32, 32 sequences, prefix caching off),
-waits for /health, runs `jspec bench serve`'s sweep (jspec/tools/serve_bench.py: Poisson
+waits for /health, runs `jspec bench serve`'s sweep (jspec/bench/serve_load.py: Poisson
 arrivals at each rate, the same prompts and gaps for every server, greedy, EOS ignored,
-streamed), stops the server, and writes one run JSON per config into --out. At each rate
-min(--requests, max(12, rate x --duration)) requests are sent. Then one table over all
-configs (tokens/s against the first config's at the same rate), the ratio of jspec's
-"auto" to the better of its plain and fixed-K runs, and a plot.
+streamed), stops the server, and writes one run per config into --out as the harness's
+JSON lines (WORKLOAD_CONFIG.jsonl: a header naming the server's command and each rate's
+/metrics counters, a record per request). At each rate min(--requests, max(12, rate x
+--duration)) requests are sent. Then one table over all configs (tokens/s against the
+first config's at the same rate; `jspec.bench.report.TABLES["serve.load"]`, which
+docs/benchmarks.md quotes), the ratio of jspec's "auto" to the better of its plain and
+fixed-K runs, and a plot.
 
 vLLM needs `benchmarks/vllm_setup.sh` (its own venv) and `jspec convert` + `jspec
 export-hf` of the GGUF (--hf).
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from jspec.tools import serve_bench
+from jspec.bench import records, serve_load, workloads
 
 CONFIGS = ("jspec-plain", "jspec-ngram4", "jspec-auto", "vllm-plain", "vllm-ngram4")
 
@@ -100,7 +103,7 @@ def _stop(server: subprocess.Popen) -> None:
       server.wait()
 
 
-def run_config(config: str, args, prompts) -> dict:
+def run_config(config: str, args, workload) -> tuple[dict, list]:
   port = _port()
   base = f"http://127.0.0.1:{port}"
   command, env = _command(config, args, port)
@@ -111,22 +114,29 @@ def run_config(config: str, args, prompts) -> dict:
   try:
     _wait(base, server, args.ready_timeout)
     print(f"{config}: ready in {time.perf_counter() - started:.0f} s", flush=True)
-    rows = []
+    per_rate, recs = {}, []
     for rate in args.rates:
       count = min(args.requests, max(12, round(rate * args.duration)))
-      rows += serve_bench.sweep(base, [rate], prompts, requests=count, seed=args.seed,
-                                max_tokens=args.max_tokens, model=None,
-                                log=lambda line: print(f"  {config} {line}", flush=True))
+      mine, got = serve_load.sweep(base, [rate], workload, label=config, requests=count,
+                                   seed=args.seed, max_tokens=args.max_tokens, model=None,
+                                   log=lambda line: print(f"  {config} {line}", flush=True))
+      per_rate.update(mine)
+      recs += got
   finally:
     _stop(server)
     log.close()
-  return dict(study="serve", label=config, command=command, workload=args.workload,
-              max_tokens=args.max_tokens, seed=args.seed, rows=rows)
+  settings = dict(workload=args.workload, rates=[serve_load.rate_axis(r) for r in args.rates],
+                  requests=args.requests, duration=args.duration, max_tokens=args.max_tokens,
+                  ignore_eos=True, seed=args.seed, slots=args.slots,
+                  cache_length=args.cache_length)
+  return serve_load.run_header(config, settings, per_rate, command=command), recs
 
 
-def auto_against_best(runs: list[dict]) -> list[str]:
-  """Per rate: jspec auto's tokens/s over the better of jspec plain and fixed K."""
-  by = {r["label"]: {row["rate"]: row for row in r["rows"]} for r in runs}
+def auto_against_best(runs: list[tuple[str, dict, list]]) -> list[str]:
+  """Per rate: jspec auto's tokens/s over the better of jspec plain and fixed K.
+  runs: (label, header, records) each (`serve_load.runs_of`)."""
+  by = {label: {row["rate"]: row for row in serve_load.rows(head, recs)}
+        for label, head, recs in runs}
   if "jspec-auto" not in by:
     return []
   fixed = [c for c in by if c.startswith("jspec-") and c != "jspec-auto"]
@@ -150,7 +160,7 @@ def main(argv=None) -> int:
   p.add_argument("--rates", default="0.25,1,2,4")
   p.add_argument("--duration", type=float, default=40.0)
   p.add_argument("--requests", type=int, default=32)
-  p.add_argument("--workload", default="restate", help=serve_bench.WORKLOADS_HELP)
+  p.add_argument("--workload", default="restate", help=workloads.HELP)
   p.add_argument("--max-tokens", type=int, default=48)
   p.add_argument("--slots", type=int, default=32)
   p.add_argument("--cache-length", type=int, default=512)
@@ -163,18 +173,16 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   args.rates = [float(x) for x in args.rates.split(",")]
   os.makedirs(args.out, exist_ok=True)
-  prompts = serve_bench.workload(args.workload)
+  workload = workloads.load(args.workload)
   runs = []
   for config in args.configs.split(","):
-    run = run_config(config, args, prompts)
-    path = os.path.join(args.out, f"{args.workload}_{config}.json")
-    with open(path, "w") as f:
-      json.dump(run, f, indent=1)
-    runs.append(run)
-  print(serve_bench.table(runs))
+    head, recs = run_config(config, args, workload)
+    records.write(os.path.join(args.out, f"{args.workload}_{config}.jsonl"), head, recs)
+    runs.append((config, head, recs))
+  print(serve_load.table(runs))
   for line in auto_against_best(runs):
     print(line)
-  serve_bench.plot(runs, os.path.join(args.out, f"{args.workload}.png"))
+  serve_load.plot(runs, os.path.join(args.out, f"{args.workload}.png"))
   return 0
 
 

@@ -26,6 +26,7 @@ MODULES = (
     "jspec.bench.records",
     "jspec.bench.report",
     "jspec.bench.runner",
+    "jspec.bench.serve_load",
     "jspec.bench.workloads",
     "jspec.drafters.datastore",
     "jspec.core.decode",

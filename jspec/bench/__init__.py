@@ -8,6 +8,8 @@
     records    the one record type, written as JSON lines under a header naming the machine
     metrics    pure functions of records (tau, acceptance by position, paired speedup, ...)
     report     tables by any axis, and plots
+    serve_load `jspec bench serve`: request-rate sweeps against an OpenAI-compatible
+               server, a record per request
 
 Studies (`jspec bench`, `jspec measure`, the scripts of benchmarks/) are short
 declarations over these. Nothing in the decoding path imports this package.

@@ -6,6 +6,7 @@ The header says where the records came from and what the old file did not record
 versions: None).
 
     python -m jspec.bench.legacy spec-bench OLD.json NEW.jsonl
+    python -m jspec.bench.legacy serve OLD.json NEW.jsonl      # a `jspec bench serve` run
 """
 
 from __future__ import annotations
@@ -56,7 +57,48 @@ def spec_bench(report: dict, source: str) -> tuple[dict, list]:
   return head, recs
 
 
-CONVERTERS = {"spec-bench": spec_bench}
+def serve(report: dict, source: str) -> tuple[dict, list]:
+  """A `jspec bench serve --json` run (or one config of benchmarks/serve_load.py) as
+  written before the harness: one record per request (`serve_load.request_record`; the
+  old prompt index kept in extra as `prompt_index`), the rounds by K each rate's /metrics
+  counters differed by in the header's "rates". Checks that the converted records give
+  every figure the old file's per-rate rows recorded."""
+  import math
+
+  from jspec.bench import serve_load as S
+  from jspec.bench import workloads
+
+  if report.get("study") != "serve" or "rows" not in report:
+    raise ValueError(f"{source}: not a `jspec bench serve` run (no study 'serve' or rows)")
+  prompts = workloads.load(report["workload"]).prompts
+  recs, rates = [], {}
+  for row in report["rows"]:
+    mine = []
+    for r in row["records"]:
+      got = {"sent": r["sent"], "end": r["end"], "status": r["status"], "error": r["error"],
+             "chunk_times": r["chunk_times"], "text": r["text"], "tokens": r["output_tokens"],
+             "calls": r["target_calls"], "accepted": r["accepted"], "prompt_index": r["prompt"]}
+      mine.append(S.request_record(got, label=report["label"], workload=report["workload"],
+                                   prompt=prompts[r["prompt"]].id, rate=r["rate"],
+                                   index=r["index"]))
+    for key, value in S.summary(mine).items():
+      old = row[key]
+      if not (old == value or (old is not None and value is not None
+                               and math.isclose(old, value, rel_tol=1e-9))):
+        raise ValueError(f"{source}: rate {row['rate']:g}: {key} is {old} in the file, "
+                         f"{value} from its records")
+    rates[S.rate_key(row["rate"])] = {"rounds_by_k": row.get("rounds_by_k") or {}}
+    recs += mine
+  settings = {k: report[k] for k in ("url", "workload", "requests", "max_tokens", "seed",
+                                      "extra") if k in report}
+  head = {"schema": R.SCHEMA, "study": "serve", "settings": settings, "created": None,
+          "converted_from": source, "machine": report.get("machine"), "versions": None,
+          "label": report["label"], "command": report.get("command"), "counter": S.COUNTER,
+          "rates": rates}
+  return head, recs
+
+
+CONVERTERS = {"spec-bench": spec_bench, "serve": serve}
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,13 @@
     percentiles(values)             p50 / p90 / p99
     predicted_speedup(...)          tau * T_step / (T_verify + T_draft_round)
     group(records, *axes)           {key: records} by method, workload, or any axis
+    ttft(r) / tpot(r) / e2e(r)      a streamed request's time to first token, time per
+                                    output token after the first, end-to-end seconds
+    span(records)                   seconds from the first request sent to the last answer
+
+A request record (one request to a server, `jspec.bench.serve_load`) keeps its times in
+`extra`, in seconds on one clock: `sent`, `chunk_times` (the arrival of each streamed text
+chunk) and `end` (the last byte); its `seconds` is `(end - sent,)`.
 
 Acceptance by position uses `DecodeStats`'s own definitions (a draft counts as accepted
 only if it was emitted), summed, not re-derived.
@@ -199,3 +206,36 @@ def _value(r, key: str):
 def select(records, **where) -> list:
   """The records whose fields / axes equal every given value."""
   return [r for r in records if all(_value(r, k) == v for k, v in where.items())]
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def ttft(r) -> float | None:
+  """Time to first token of a streamed request record: its first chunk's arrival after it
+  was sent (None where no chunk came)."""
+  times = r.extra.get("chunk_times") or ()
+  return times[0] - r.extra["sent"] if times else None
+
+
+def tpot(r) -> float | None:
+  """Time per output token after the first of a streamed request record: (end - first
+  chunk) / (tokens - 1); None with fewer than two tokens, no chunk, or no end."""
+  times, end = r.extra.get("chunk_times") or (), r.extra.get("end")
+  if not times or r.tokens < 2 or end is None:
+    return None
+  return (end - times[0]) / (r.tokens - 1)
+
+
+def e2e(r) -> float | None:
+  """End-to-end seconds of a request record, sent to last byte (None where it never
+  ended)."""
+  return r.seconds[0] if r.seconds else None
+
+
+def span(records) -> float:
+  """Seconds from the first request sent to the last one's end (0 where none ended)."""
+  rs = _list(records)
+  start = min(r.extra["sent"] for r in rs)
+  end = max((r.extra["end"] for r in rs if r.extra.get("end") is not None), default=start)
+  return end - start

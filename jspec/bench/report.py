@@ -11,7 +11,8 @@ and returns the cell's text. A table the docs quote is written between
     <!-- /table -->
 
 in README.md or docs/*.md; `tests/test_docs.py` renders `TABLES[NAME]` from the records of
-FILE and fails where the page says anything else.
+FILE and fails where the page says anything else. FILE may name several files with one
+brace group, `docs/bench/serve/restate_{jspec-plain,vllm-plain}.jsonl`, read in that order.
 """
 
 from __future__ import annotations
@@ -146,9 +147,18 @@ def spec_bench_predicted(header: dict, recs) -> str:
                col_order=_spec_bench_cols(recs), heading=_heading, corner="jspec method")
 
 
+def serve_load(header: dict, recs) -> str:
+  """`jspec bench serve`'s table: per rate and server, completed / refused, tokens/s (and
+  against the first server's), TTFT, TPOT and E2E p50 / p99, tau and rounds by K."""
+  from jspec.bench import serve_load as S
+
+  return S.table(S.runs_of(header, recs))
+
+
 TABLES: dict[str, Callable] = {
     "spec-bench.speedup": spec_bench_speedup,
     "spec-bench.predicted": spec_bench_predicted,
+    "serve.load": serve_load,
 }
 
 MARKER = re.compile(r"<!-- table (\S+) (\S+) -->\n(.*?)\n<!-- /table -->", re.S)
@@ -159,13 +169,35 @@ def quoted_tables(text: str) -> list[tuple[str, str, str]]:
   return [(m.group(1), m.group(2), m.group(3).strip()) for m in MARKER.finditer(text)]
 
 
-def render(name: str, path: str) -> str:
-  """The table `name` rendered from the records in `path` (relative to the repository)."""
+def paths(path: str) -> list[str]:
+  """The files `path` names: itself, or one per item of its one brace group
+  (`a_{x,y}.jsonl` -> a_x.jsonl, a_y.jsonl)."""
+  m = re.fullmatch(r"([^{}]*)\{([^{}]*)\}([^{}]*)", path)
+  if m is None:
+    if "{" in path or "}" in path:
+      raise ValueError(f"{path!r}: at most one brace group, {{a,b}}")
+    return [path]
+  return [m.group(1) + item + m.group(3) for item in m.group(2).split(",")]
+
+
+def read(path: str) -> tuple[dict, list]:
+  """(header, records) of the files `path` names (`paths`): one file's own header, or
+  {"files": [each file's header]} of several, their records joined in order."""
   from jspec.bench import records
 
+  heads, recs = [], []
+  for one in paths(path):
+    head, mine = records.read(one)
+    heads.append(head)
+    recs += mine
+  return (heads[0] if len(heads) == 1 else {"files": heads}), recs
+
+
+def render(name: str, path: str) -> str:
+  """The table `name` rendered from the records in `path` (relative to the repository)."""
   if name not in TABLES:
     raise ValueError(f"unknown table {name!r}; known: {', '.join(TABLES)}")
-  head, recs = records.read(path)
+  head, recs = read(path)
   return TABLES[name](head, recs)
 
 

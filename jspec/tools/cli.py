@@ -617,9 +617,9 @@ def main(argv=None) -> int:
   if argv and argv[0] in ("train-medusa", "train-eagle"):  # their options are the modules' own
     return _train_heads(argv[0].replace("-", "_"), argv[1:])
   if argv[:2] == ["bench", "serve"]:  # the load generator's options are its own
-    from jspec.tools import serve_bench
+    from jspec.bench import serve_load
 
-    return serve_bench.main(argv[2:])
+    return serve_load.main(argv[2:])
   args = parser.parse_args(argv)
   return args.func(args)
 
