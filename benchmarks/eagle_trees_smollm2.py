@@ -22,9 +22,8 @@ import time
 
 def main(argv=None) -> int:
   import jspec
+  from jspec.bench import methods, targets
   from jspec.recipes import learning_curve as LC
-  from jspec.tools import demo
-  from jspec.tools.chat import drafter_from_dir
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--head", default=os.path.join("checkpoints", "smollm2-eagle3"))
@@ -45,8 +44,11 @@ def main(argv=None) -> int:
   questions = args.questions or LC.default_questions()
   if questions is None:
     raise SystemExit("no Spec-Bench question.jsonl found: give --questions")
-  target = jspec.load(demo.smollm2_path(), dtype="float32")
-  head = drafter_from_dir(args.head, target)
+  try:
+    target = targets.load(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  head = methods.from_folder(args.head, target)
   prompts = LC.conversation_prompts(target, questions, args.conversations)
   rows = {}
   for name, tree in [(f"chain K={args.k}", None)] + [

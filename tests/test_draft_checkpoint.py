@@ -14,7 +14,7 @@ import jspec
 from jspec.io import draft_checkpoint as DC
 from jspec.recipes import smollm2_draft as RD
 from jspec.recipes import smollm2_eagle3 as RE
-from jspec.tools.chat import drafter_from_dir
+from jspec.bench.methods import from_folder
 from conftest import assert_reproduces_chat_manifest, perturbed, smollm2_and_shipped, tiny_config
 
 V = 48
@@ -48,7 +48,7 @@ def test_saved_draft_borrows_the_embedding_and_decodes_exactly(pair, tmp_path, r
   stored = DC.params_io.stored_tensors(str(tmp_path / "d" / DC.PARAMS_DIR))
   assert not any(k.startswith("['embed']") for k in stored)  # the embedding is not saved
   assert DC.read_meta(tmp_path / "d") == {"note": "tiny"}
-  loaded = drafter_from_dir(str(tmp_path / "d"), target)
+  loaded = from_folder(str(tmp_path / "d"), target)
   assert isinstance(loaded, jspec.DraftModel)
   if reduced:
     np.testing.assert_array_equal(np.asarray(loaded.ids), np.arange(0, V, 3))
@@ -230,7 +230,7 @@ def test_recipe_distils_on_an_answer_store(tmp_path):
   assert json.loads((tmp_path / "all" / "manifest.json").read_text())["data"][
       "train_windows"] == 10
   assert len([f for f in os.listdir(tmp_path / "cache") if f.endswith(".npz")]) == 1
-  draft = drafter_from_dir(str(out), target)
+  draft = from_folder(str(out), target)
   assert isinstance(draft, jspec.DraftModel) and int(draft.ids.shape[0]) == 16
   prompts = [r[0].tolist() for r in W.store_rows(store)[:3]]
   spec = jspec.speculative_generate(target, draft, prompts, num_draft_tokens=3,

@@ -460,16 +460,19 @@ def test_bad_input_is_a_clear_error(target, tmp_path):
 
 
 def test_command_line_drafter_resolution(target, tmp_path):
-  """`--drafter DIR` / `--draft DIR` (`chat.drafter_for`, shared by generate, chat, measure,
-  bench and profile) reads published layouts; a misfit is a SystemExit naming the folder."""
+  """`--drafter DIR` / `--draft DIR` (`chat.drafter_from_flag` over `jspec.bench.methods`,
+  shared by generate, chat, measure, serve and profile) reads published layouts; a misfit is
+  a SystemExit naming the folder."""
   from jspec.tools import chat
 
-  assert isinstance(chat.drafter_for(target, specforge_dir(tmp_path / "sf")), jspec.Eagle)
-  assert isinstance(chat.drafter_for(target, medusa_dir(tmp_path / "md")), jspec.Medusa)
+  drafter, k = chat.drafter_from_flag(target, specforge_dir(tmp_path / "sf"))
+  assert isinstance(drafter, jspec.Eagle) and k is None
+  drafter, k = chat.drafter_from_flag(target, str(medusa_dir(tmp_path / "md")) + "@k=2")
+  assert isinstance(drafter, jspec.Medusa) and k == 2
   big = jspec.models.init(tiny_config(vocab_size=V, hidden=48, heads=4, layers=3), seed=0)
   with pytest.raises(SystemExit, match=r"--drafter .*sp cannot draft for the target: .*hidden "
                                        r"size 32, but the target's is 48"):
-    chat.drafter_for(big, speculators_dir(tmp_path / "sp"))
+    chat.drafter_from_flag(big, speculators_dir(tmp_path / "sp"))
 
 
 @pytest.mark.slow  # the CLI on the shipped target: two programs compiled

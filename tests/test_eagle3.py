@@ -144,9 +144,9 @@ def test_save_load_round_trip(target, eagle3, tmp_path):
   E.save_eagle(reduced, tmp_path / "reduced")
   back = E.load_eagle(tmp_path / "reduced", target)  # drafts over the saved ids again
   assert np.asarray(back.ids).tolist() == [0, 3, 5, 39]
-  from jspec.tools.chat import drafter_from_dir
+  from jspec.bench.methods import from_folder
 
-  assert drafter_from_dir(str(tmp_path / "reduced"), target).feature_layers == LAYERS
+  assert from_folder(str(tmp_path / "reduced"), target).feature_layers == LAYERS
 
 
 @pytest.mark.slow
@@ -184,12 +184,13 @@ def test_bench_of_saved_heads(target, eagle3, tmp_path):
   from jspec.tools import bench_heads_real, bench_lookahead
 
   E.save_eagle(eagle3, tmp_path / "h3")
-  tree = jspec.DynamicTree(nodes=6, depth=3, top_k=2)
-  extra = bench_heads_real.head_methods(target, [str(tmp_path / "h3")], 3, tree)
-  assert sorted(extra) == ["h3 K=3", "h3 tree6"]
+  heads = bench_heads_real.build_heads(target, [str(tmp_path / "h3")], 3, "6,3,2")
+  assert sorted(heads) == ["h3 K=3", "h3 tree6"]
+  assert heads["h3 K=3"].k == 3 and heads["h3 tree6"].tree == jspec.DynamicTree(6, 3, 2)
   sets = {"toy": [([3, 1, 4, 1, 5], None), ([2, 7], None)]}
-  report = bench_lookahead.run(target, sets, ("ngram",), max_new_tokens=8, repeats=1,
-                               log=lambda *_: None, extra=extra)
+  methods = bench_lookahead.build_methods(target, ["ngram"]) | heads
+  report = bench_lookahead.run(target, sets, methods, max_new_tokens=8, repeats=1,
+                               log=lambda *_: None)
   rows = report["sets"]["toy"]["methods"]
   assert sorted(rows) == ["h3 K=3", "h3 tree6", "ngram", "plain"]
   for row in rows.values():

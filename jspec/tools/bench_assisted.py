@@ -52,12 +52,12 @@ def run(target_path: str, draft_dir: str, k: int, per_kind: int, max_new_tokens:
   from jspec.tools import bench_timing
   from jspec.tools import real_sections as R
   from jspec.tools.bench_real import Settings, default_prompts
-  from jspec.tools.chat import drafter_from_dir
+  from jspec.bench.methods import from_folder
 
   enable_compilation_cache()
   if target is None:
     target = checkpoint.load(target_path, dtype="float32")
-  drafter = drafter_from_dir(draft_dir, target)
+  drafter = from_folder(draft_dir, target)
   s = Settings(k=k, max_new_tokens=max_new_tokens, repeats=repeats, per_kind=per_kind)
   prompts = default_prompts(target, per_kind) if prompts is None else prompts
   P, S = R.shapes(prompts, s)
@@ -137,7 +137,8 @@ def _same(a, b) -> bool:
 
 def main(argv=None) -> int:
   """The command line (module docstring)."""
-  from jspec.tools.bench_real import resolve, write_json
+  from jspec.bench import targets
+  from jspec.tools.bench_real import write_json
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--target", default="smollm2", help="'smollm2' or a GGUF file")
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
-  report = run(resolve(args.target), args.draft, args.k, args.per_kind, args.max_new_tokens,
+  report = run(targets.resolve(args.target), args.draft, args.k, args.per_kind, args.max_new_tokens,
                args.repeats)
   write_json(report, args.json)
   bad = [kind for kind, row in report["kinds"].items() if not row["jspec_equal_to_greedy"]]

@@ -128,9 +128,10 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
-  from jspec.tools.bench_real import load_target, write_json
+  from jspec.bench import targets
+  from jspec.tools.bench_real import write_json
 
-  report = run(load_target(args.target), [int(b) for b in args.batches.split(",")], args.max_new_tokens,
+  report = run(targets.load(args.target), [int(b) for b in args.batches.split(",")], args.max_new_tokens,
                repeats=args.repeats)
   write_json(report, args.json)
   return 0

@@ -44,10 +44,10 @@ def child(target: str, blocks: list[int], calls: int, repeats: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from jspec.tools.bench_real import load_target
+  from jspec.bench import targets
   from jspec.planner.call_times import loop_times
 
-  model = load_target(target)
+  model = targets.load(target)
   times = loop_times(model, 1, blocks, 512, calls, repeats)
   prepared = model.prepared()
   logits, _, _ = prepared.apply(jnp.arange(1, 6, dtype=jnp.int32)[None, :],
@@ -98,10 +98,11 @@ def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
   import numpy as np
 
   from jspec.core import compilation, programs
+  from jspec.bench import targets
   from jspec.tools import bench_real, real_sections
 
   s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)
-  model = bench_real.load_target(bench_real.resolve(target))
+  model = targets.load(target)
   prompts = bench_real.default_prompts(model, 1)
   P, S = real_sections.shapes(prompts, s)
   calls = [real_sections.jspec_call(model, [ids], P, S, s) for _, ids in prompts]

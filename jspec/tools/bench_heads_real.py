@@ -18,50 +18,67 @@ import argparse
 import os
 
 
-def head_methods(target, heads, k: int, tree) -> dict:
-  """{name: (drafter, keywords)}: each drafter as a chain of k, and those that grow
-  dynamic trees as the dynamic tree too."""
+def build_heads(target, heads, k: int, tree: str | None) -> dict:
+  """{name: `jspec.bench.methods.Built`}: each drafter folder as a chain of k ("NAME K=k",
+  the spec "DIR@k=k"), and one that grows dynamic trees also as the tree `tree` ("N,D,K";
+  "NAME treeN", the spec "DIR@tree=N,D,K"). A folder that does not fit the target is a
+  SystemExit saying why."""
+  from jspec.bench import methods as registry
   from jspec.core.drafter import DynamicTreeDrafter
-  from jspec.tools.chat import drafter_from_dir
 
   out = {}
   for path in heads:
     name = os.path.basename(os.path.normpath(path))
-    head = drafter_from_dir(path, target)
-    out[f"{name} K={k}"] = (head, {"num_draft_tokens": k})
-    if tree is not None and isinstance(head, DynamicTreeDrafter):
-      out[f"{name} tree{tree.num_nodes}"] = (head, {"tree": tree})
+    specs = [(f"{name} K={k}", f"{path}@k={k}")]
+    if tree is not None:
+      specs.append((f"{name} tree{tree.split(',')[0]}", f"{path}@tree={tree}"))
+    for label, spec in specs:
+      if "@tree=" in spec and not isinstance(out[specs[0][0]].drafter, DynamicTreeDrafter):
+        continue  # a chain drafter (a draft model): chains only
+      try:
+        out[label] = registry.build(spec, target)
+      except (ValueError, registry.Unavailable) as e:
+        raise SystemExit(f"--head {spec}: {e}") from None
   return out
 
 
 def main(argv=None) -> int:
   """The command line (module docstring)."""
-  import jspec
+  from jspec.bench import methods as registry
+  from jspec.bench import targets
   from jspec.tools import bench_lookahead
-  from jspec.tools.bench_real import load_target, write_json
+  from jspec.tools.bench_real import write_json
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--target", default="smollm2", help="'smollm2' or a GGUF / jspec path")
-  parser.add_argument("--head", action="append", required=True, help="a drafter folder (EAGLE head, draft model)")
+  parser.add_argument("--target", default="smollm2",
+                      help="a target jspec.bench.targets resolves: smollm2, a GGUF file, a "
+                           "checkpoint folder, a cached Hub id")
+  parser.add_argument("--head", action="append", required=True,
+                      help="a drafter folder (EAGLE head, draft model)")
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--tree", default="16,5,4",
                       help="dynamic tree nodes,depth,top_k ('none': chains only)")
   parser.add_argument("--per-kind", type=int, default=2)
   parser.add_argument("--max-new-tokens", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--methods", default="ngram", help="draft-free methods run beside")
+  parser.add_argument("--methods", default="ngram",
+                      help="draft-free method specs (jspec.bench.methods) run beside")
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
-  tree = None
-  if args.tree != "none":
-    nodes, depth, top_k = (int(x) for x in args.tree.split(","))
-    tree = jspec.DynamicTree(nodes=nodes, depth=depth, top_k=top_k)
-  target = load_target(args.target)
+  tree = None if args.tree == "none" else args.tree
+  others = registry.split(args.methods)
+  checked = others + [f"{h}@k={args.k}" for h in args.head] + (
+      [f"{h}@tree={tree}" for h in args.head] if tree else [])
+  for spec in (s for s in checked if s != bench_lookahead.AUTO_ITL):  # before loading
+    try:
+      registry.parse_spec(spec)
+    except ValueError as e:
+      parser.error(str(e))
+  target = targets.load(args.target)
   sets = bench_lookahead.prompt_sets(target, args.per_kind, 0, args.max_new_tokens)
-  extra = head_methods(target, args.head, args.k, tree)
-  methods = tuple(m for m in args.methods.split(",") if m)
-  report = bench_lookahead.run(target, sets, methods, args.max_new_tokens, args.repeats,
-                               extra=extra)
+  built = bench_lookahead.build_methods(target, others, args.k)
+  built.update(build_heads(target, args.head, args.k, tree))
+  report = bench_lookahead.run(target, sets, built, args.max_new_tokens, args.repeats)
   write_json(report, args.json)
   return 0
 

@@ -4,6 +4,11 @@ plain decoding, n-gram lookup and suffix drafting, with latency percentiles.
     python -m jspec.tools.bench_lookahead [--target smollm2] [--per-kind 2]
         [--conversations 2] [--max-new-tokens 64] [--repeats 3] [--methods ...] [--json out.json]
 
+Methods are specs of the registry (`jspec.bench.methods`), K 4 unless a spec says: by default
+ngram, suffix (with memory, multi-turn only), lookahead:5,4,3 (24 tokens per verify, depth 3)
+and lookahead:2,3,1 (6 tokens per verify, depth 2); also auto (n-gram, K per round) and
+auto-itl (the same with `AutoK(itl_bound=1.1)`), or any other spec.
+
 Sets: the held-out chat prompts of the three kinds (restate, explain, question;
 checkpoints/chat_prompts.json) and the multi-turn agent-style conversations of
 `bench_suffix` (history, tool output and earlier answers in every prompt). Batch 1,
@@ -22,6 +27,7 @@ method finds, the speedup what it is worth here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import jax
@@ -29,29 +35,30 @@ import numpy as np
 
 from jspec.tools import latency
 
-METHODS = {  # name: K; drafter built by `drafter`
-    "ngram": 4,
-    "suffix": 4,
-    "lookahead": 3,  # window 5, 4-grams, 3 guesses: 1 + 9 + 14 = 24 tokens per verify
-    "lookahead-small": 2,  # window 2, 3-grams, 1 guess: 1 + 2 + 3 = 6 tokens per verify
-    "auto": "auto",  # n-gram lookup, K per round
-    "auto-itl": "auto-itl",  # the same with AutoK(itl_bound=1.1)
-}
+DEFAULT_METHODS = "ngram,suffix,lookahead:5,4,3,lookahead:2,3,1"
+AUTO_ITL = "auto-itl"  # "auto" over n-gram lookup with AutoK(itl_bound=1.1)
 
 
-def drafter(name: str, V: int, memory=None):
-  """The drafter a METHODS name stands for (suffix drafting with `memory`)."""
+def build_methods(target, specs, k: int = 4) -> dict:
+  """{spec: `jspec.bench.methods.Built`} for registry specs (and AUTO_ITL), K `k` unless a
+  spec sets it; a method that cannot run with this target is a SystemExit saying why."""
   import jspec
+  from jspec.bench import methods as registry
 
-  if name in ("ngram", "auto", "auto-itl"):
-    return jspec.NGram(V)
-  if name == "suffix":
-    return jspec.Suffix(V, memory=memory)
-  if name == "lookahead":
-    return jspec.Lookahead(V, window=5, ngram=4, guesses=3)
-  if name == "lookahead-small":
-    return jspec.Lookahead(V, window=2, ngram=3, guesses=1)
-  raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+  out = {}
+  for spec in specs:
+    try:
+      if spec == AUTO_ITL:
+        built = registry.build("auto", target, k=k)
+        out[spec] = dataclasses.replace(built, k=jspec.AutoK(itl_bound=1.1),
+                                        description=built.description + ", itl_bound 1.1")
+      else:
+        out[spec] = registry.build(spec, target, k=k)
+    except (ValueError, registry.Unavailable) as e:
+      raise SystemExit(f"--methods {spec}: {e}") from None
+    if out[spec].drafter is None:
+      raise SystemExit(f"--methods {spec}: plain decoding runs in every set, beside the methods")
+  return out
 
 
 def prompt_sets(target, per_kind: int, conversations: int, max_new_tokens: int) -> dict:
@@ -68,37 +75,37 @@ def prompt_sets(target, per_kind: int, conversations: int, max_new_tokens: int) 
   return sets
 
 
-def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, repeats: int = 3,
-        log=print, extra: dict | None = None) -> dict:
+def run(target, sets: dict, methods: dict, max_new_tokens: int = 64, repeats: int = 3,
+        log=print) -> dict:
   """Per set and method: tokens, tau, speedup over plain, latency percentiles.
 
-  extra: more methods, {name: (drafter, speculative_generate keywords)} (trained heads
-  with a K or a tree), run beside `methods`."""
+  methods: {name: `jspec.bench.methods.Built`} (`build_methods`, or trained heads with a K or
+  a tree); a method `with_memory` (suffix) runs on sets with a memory (multi-turn) only."""
   import jspec
-
-  V = target.vocab_size
-  extra = extra or {}
-  methods = tuple(methods) + tuple(m for m in extra if m not in methods)
 
   def call(name, ids, mem):
     def go(stream=None):
       if name == "plain":
         return jspec.generate(target, [ids], max_new_tokens=max_new_tokens, stream=stream)
-      if name in extra:
-        made, kwargs = extra[name]
-        return jspec.speculative_generate(target, made, [ids], max_new_tokens=max_new_tokens,
-                                          stream=stream, **kwargs)
-      k = jspec.AutoK(itl_bound=1.1) if name == "auto-itl" else METHODS[name]
-      return jspec.speculative_generate(target, drafter(name, V, mem), [ids], num_draft_tokens=k,
-                                        max_new_tokens=max_new_tokens, stream=stream)
+      built = methods[name]
+      drafter = built.drafter
+      if built.with_memory:
+        drafter = dataclasses.replace(drafter, memory=mem)
+      shape = dict(num_draft_tokens=built.k) if built.tree is None else dict(tree=built.tree)
+      return jspec.speculative_generate(target, drafter, [ids], max_new_tokens=max_new_tokens,
+                                        stream=stream, **shape)
     return go
 
   report = {"max_new_tokens": max_new_tokens, "repeats": repeats,
-            "methods": {m: ({"k": METHODS[m]} if m in METHODS else
-                            {k: str(v) for k, v in extra[m][1].items()}) for m in methods},
+            "methods": {m: {"k": b.k if isinstance(b.k, (int, str)) else "auto",
+                            "description": b.description}
+                        | ({} if b.tree is None else {"tree": f"{b.tree.num_nodes} nodes, depth "
+                                                              f"{b.tree.max_depth}"})
+                        for m, b in methods.items()},
             "sets": {}}
   for set_name, prompts in sets.items():
-    names = ["plain"] + [m for m in methods if m != "suffix" or set_name == "multi-turn"]
+    with_memory = any(mem is not None for _, mem in prompts)
+    names = ["plain"] + [m for m, b in methods.items() if with_memory or not b.with_memory]
     times = {n: [] for n in names}  # per call: median seconds
     samples = {n: [] for n in names}
     tokens = {n: 0 for n in names}
@@ -141,19 +148,33 @@ def run(target, sets: dict, methods=tuple(METHODS), max_new_tokens: int = 64, re
 def main(argv=None) -> int:
   """The command line (module docstring)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--target", default="smollm2", help="'smollm2' or a GGUF / jspec path")
+  parser.add_argument("--target", default="smollm2",
+                      help="a target jspec.bench.targets resolves: smollm2, a GGUF file, a "
+                           "checkpoint folder, a cached Hub id")
   parser.add_argument("--per-kind", type=int, default=2)
   parser.add_argument("--conversations", type=int, default=2)
   parser.add_argument("--max-new-tokens", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--methods", default="ngram,suffix,lookahead,lookahead-small")
+  parser.add_argument("--methods", default=DEFAULT_METHODS,
+                      help="method specs (jspec.bench.methods) and auto-itl")
+  parser.add_argument("--k", type=int, default=4, help="K of the specs without @k")
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
-  from jspec.tools.bench_real import load_target, write_json
+  from jspec.bench import methods as registry
+  from jspec.bench import targets
+  from jspec.tools.bench_real import write_json
 
-  target = load_target(args.target)
+  specs = registry.split(args.methods)
+  for spec in specs:  # before the model loads
+    if spec != AUTO_ITL:
+      try:
+        registry.parse_spec(spec)
+      except ValueError as e:
+        parser.error(f"--methods: {e}")
+  target = targets.load(args.target)
   sets = prompt_sets(target, args.per_kind, args.conversations, args.max_new_tokens)
-  report = run(target, sets, tuple(args.methods.split(",")), args.max_new_tokens, args.repeats)
+  report = run(target, sets, build_methods(target, specs, args.k), args.max_new_tokens,
+               args.repeats)
   write_json(report, args.json)
   return 0
 

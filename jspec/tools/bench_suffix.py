@@ -137,9 +137,10 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--json", help="write the report here")
   args = parser.parse_args(argv)
-  from jspec.tools.bench_real import load_target, write_json
+  from jspec.bench import targets
+  from jspec.tools.bench_real import write_json
 
-  report = run(load_target(args.target), args.conversations, max_new_tokens=args.max_new_tokens,
+  report = run(targets.load(args.target), args.conversations, max_new_tokens=args.max_new_tokens,
                repeats=args.repeats)
   write_json(report, args.json)
   return 0

@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Any
 
+from jspec.bench import methods as registry
 from jspec.bench import questions as suite
-from jspec.tools import suite_methods
 
 DEFAULT_PER_CATEGORY = 3
 
@@ -48,12 +48,13 @@ def check(args) -> dict:
     if value is not None and value < 1:
       _fail(f"{flag} must be >= 1, got {value}")
   try:
-    names = suite_methods.parse(args.methods)
+    names = registry.parse(args.methods)
   except ValueError as e:
     _fail(f"--methods: {e}")
-  if args.auto_over not in suite_methods.METHODS or args.auto_over in ("auto", "lookahead"):
-    _fail(f"--auto-over {args.auto_over!r}: give a drafter \"auto\" can set K for: "
-          + ", ".join(m for m in suite_methods.METHODS if m not in ("auto", "lookahead")))
+  try:
+    registry.parse_spec(f"{args.auto_over}@k=auto")
+  except ValueError as e:
+    _fail(f"--auto-over {args.auto_over!r}: give a method \"auto\" can set K for ({e})")
   try:
     path = args.questions or suite.default_questions()
     questions = suite.read_questions(path)
@@ -68,21 +69,22 @@ def check(args) -> dict:
       _fail(f"--corpus: {e}")
   folders = {}
   for method, flag, value in (("draft", "--draft", args.draft), ("eagle3", "--eagle", args.eagle),
-                              ("eagle3-tree", "--eagle", args.eagle),
                               ("medusa", "--medusa", args.medusa),
                               ("dflash", "--dflash", args.dflash)):
     if value is not None:
       if not os.path.isdir(value):
         _fail(f"{flag} {value}: no such folder")
       folders[method] = value
-  eagle_tree = None
+  specs = {n: n for n in names}  # the spec each name runs: the suite's flags set two
+  if "auto" in specs:
+    specs["auto"] = f"{args.auto_over}@k=auto"
   if args.eagle_tree is not None:
-    import jspec
     try:
-      nodes, depth, top_k = (int(x) for x in args.eagle_tree.split(","))
-      eagle_tree = jspec.DynamicTree(nodes=nodes, depth=depth, top_k=top_k)
-    except (TypeError, ValueError) as e:
+      registry.parse_spec(f"eagle3@tree={args.eagle_tree}")
+    except ValueError as e:
       _fail(f"--eagle-tree {args.eagle_tree!r}: give NODES,DEPTH,TOP_K of a dynamic tree ({e})")
+    if "eagle3-tree" in specs:
+      specs["eagle3-tree"] = f"eagle3@tree={args.eagle_tree}"
   if args.plot:
     if importlib.util.find_spec("matplotlib") is None:
       _fail("--plot needs matplotlib: pip install 'jspec[plot]'")
@@ -96,15 +98,15 @@ def check(args) -> dict:
             f"{path} (its categories: {', '.join(present)})")
     drawn = [q for q in drawn if q.group in wanted]  # the same draw, fewer columns
   return {"questions_file": path, "questions": drawn,
-          "per_category": per_category, "methods": names, "corpus": corpus, "folders": folders,
-          "eagle_tree": eagle_tree}
+          "per_category": per_category, "methods": names, "specs": specs, "corpus": corpus,
+          "folders": folders}
 
 
 def _load_target(name: str):
-  from jspec.tools import bench_real
+  from jspec.bench import targets
 
   try:
-    target = bench_real.load_target(name)
+    target = targets.load(name)
   except (FileNotFoundError, NotADirectoryError) as e:
     _fail(f"--target: {e}")
   tok = target.tokenizer
@@ -284,10 +286,18 @@ def main(args) -> int:
     spec_bench.check_lengths(target, questions, s.max_new_tokens)
   except ValueError as e:
     _fail(str(e))
-  setup = suite_methods.Setup(target=target, k=args.fixed_k, corpus=corpus,
-                              folders=opts["folders"], checkpoints=args.checkpoints,
-                              auto_over=args.auto_over, eagle_tree=opts["eagle_tree"])
-  methods, skipped = suite_methods.build(opts["methods"], setup)
+  methods, skipped = {}, {}
+  for name in opts["methods"]:
+    try:
+      built = registry.build(opts["specs"][name], target, k=args.fixed_k, corpus=corpus,
+                             folders=opts["folders"], checkpoints=args.checkpoints)
+    except registry.Unavailable as e:
+      skipped[name] = str(e)
+      continue
+    if built.drafter is None:
+      skipped[name] = "plain decoding is the suite's baseline: every method runs beside it"
+    else:
+      methods[name] = built
   counts = {g: sum(q.group == g for q in questions)
             for g in suite.columns(q.group for q in questions)}
   print(f"jspec bench --suite {args.suite} on {jax.devices()[0].platform}: {target_name} "
@@ -320,8 +330,8 @@ def main(args) -> int:
                          "k": args.fixed_k, "sampled": s.sampled, "batch": 1,
                          "categories": args.categories},
             "question_ids": [q.question_id for q in questions], "prompts_by_category": counts,
-            "methods": {n: {"family": suite_methods.METHODS[n].family,
-                            "description": b.description, "k": b.k} for n, b in methods.items()},
+            "methods": {n: {"family": b.family, "description": b.description, "k": b.k}
+                        for n, b in methods.items()},
             "unavailable": skipped, "costs": costs, "results": results, "tables": tables,
             "mismatches": ran["mismatches"], "items": ran["items"], "wall_s": wall}
   _write(report, args)

