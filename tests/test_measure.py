@@ -8,20 +8,25 @@ import pytest
 import jspec
 from conftest import ragged_prompts, require
 from jspec.core.stats import acceptance_rates
-from jspec.bench import costs
+from jspec.bench import costs, metrics
+from jspec.bench.records import Record
 from jspec.tools import measure
 
 
 def test_position_acceptance_from_histogram():
-  # K = 3: 10 rounds stopped at n=0, 5 at n=1, 3 at n=2, 2 accepted all.
+  # K = 3: 10 rounds stopped at n=0, 5 at n=1, 3 at n=2, 2 accepted all: position i
+  # judged by rounds with n >= i, accepted by those with n > i (DecodeStats' counters).
   hist = [10, 5, 3, 2]
-  rates = measure.position_acceptance(hist)
-  np.testing.assert_allclose(rates, [10 / 20, 5 / 10, 2 / 5])
+  one = Record(study="s", method="m", workload="w", prompt="p", tokens=0, calls=20,
+               judged=(20, 10, 5), accepted=(10, 5, 2))
+  np.testing.assert_allclose(metrics.acceptance([one]), [10 / 20, 5 / 10, 2 / 5])
   overall = acceptance_rates(hist, emitted=0, target_calls=1)
   # judged = 10*1 + 5*2 + 3*3 + 2*3 = 35, accepted = 5 + 6 + 6 = 17
   assert overall["alpha"] == pytest.approx(17 / 35)
   assert overall["draft_accept"] == pytest.approx(17 / (3 * 20))
-  assert np.isnan(measure.position_acceptance([4, 0, 0])[1])
+  never = Record(study="s", method="m", workload="w", prompt="p", calls=4, judged=(4, 0),
+                 accepted=(0, 0))
+  assert np.isnan(metrics.acceptance([never])[1])
 
 
 def test_read_prompts(tmp_path):

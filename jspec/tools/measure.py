@@ -19,8 +19,6 @@ speculative runs interleaved:
 
 from __future__ import annotations
 
-import statistics
-import time
 
 import jax
 import numpy as np
@@ -28,6 +26,7 @@ import numpy as np
 from jspec.bench.workloads import chat_prompt_ids, read_chat_prompts, read_prompts  # noqa: F401  (their home is the harness's workloads)
 from jspec.bench import costs
 from jspec.bench.costs import round_time, verify_width
+from jspec.bench.records import rows as record_rows
 
 from jspec.core.stats import acceptance_rates, ideal_speedup
 from jspec.tools import latency as lat
@@ -37,44 +36,8 @@ from jspec.core.drafter import BranchDrafter
 from jspec.core.model import Model
 
 
-def position_acceptance(accept_hist) -> list[float]:
-  """Acceptance of draft i given drafts 1..i-1 were accepted, for i = 1..K.
-
-  accept_hist [K+1]: rounds by accepted count n. Draft i was judged in rounds
-  with n >= i-1 and accepted in rounds with n >= i.
-  """
-  hist = np.asarray(accept_hist, np.int64)
-  at_least = np.cumsum(hist[::-1])[::-1]  # at_least[j] = rounds with n >= j
-  K = hist.shape[0] - 1
-  return [float(at_least[i] / at_least[i - 1]) if at_least[i - 1] else float("nan")
-          for i in range(1, K + 1)]
-
-
-def per_prompt(outs) -> list[dict]:
-  """Per prompt, in prompt order, from one K's outputs (one per batch): tau, the
-  accepted-length histogram and the acceptance of each draft position given the ones
-  before it were accepted (`DecodeStats.position_acceptance`; NaN: never judged)."""
-  rows = []
-  for o in outs:
-    hist = np.asarray(o.stats.row_hist, np.int64)
-    accept = np.asarray(o.stats.position_acceptance(), np.float64)
-    calls = np.asarray(o.stats.target_calls, np.int64)
-    lengths = np.asarray(o.lengths, np.int64)
-    for b in range(hist.shape[0]):
-      rows.append({"tau": float(lengths[b] / max(calls[b], 1)), "accept_hist": hist[b].tolist(),
-                   "position_acceptance": [float(a) for a in accept[b]]})
-  return rows
-
-
 def _batches(prompts, batch_size):
   return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-
-
-def _timed(fn):
-  t0 = time.perf_counter()
-  out = fn()
-  jax.block_until_ready(out.tokens)
-  return out, time.perf_counter() - t0
 
 
 def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens: int = 64,
@@ -82,11 +45,19 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
             seed: int = 0, latency: bool = False) -> dict:
   """Acceptance, tau, per-call costs and predicted / measured speedup per K.
 
-  prompts: token-id lists. latency: also run every batch once more per repeat with
-  per-round timestamps (`jspec.tools.latency`) and report request, first-token and
-  inter-token latency percentiles for the baseline and each K. Returns a JSON-ready
-  dict (see module docstring).
+  prompts: token-id lists. The runs go through the harness's runner
+  (`jspec.bench.runner`: compiled outside timing, plain decoding and every K interleaved,
+  the order alternating per repeat; greedy answers compared with plain decoding's) and
+  every figure is a function of its records (`jspec.bench.metrics`); the measured speedup
+  is the median over repeats of the paired ratio. latency: also run every batch once more
+  per repeat with per-round timestamps (`jspec.tools.latency`) and report request,
+  first-token and inter-token latency percentiles for the baseline and each K. Returns a
+  JSON-ready dict (see module docstring), its records under "records".
   """
+  from jspec.bench import metrics as M
+  from jspec.bench import runner, workloads
+  from jspec.bench.methods import Built
+
   ks = sorted({int(k) for k in ks})
   if not ks or ks[0] < 1:
     raise ValueError(f"ks must be integers >= 1, got {ks!r}")
@@ -94,79 +65,81 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
     raise ValueError("prompts is empty")
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  groups = _batches(list(prompts), batch_size)
-  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=())
-  base = lambda g, stream=None: generate(target, g, stream=stream, **kw)
-  spec = {k: (lambda g, stream=None, k=k: speculative_generate(
-      target, drafter, g, num_draft_tokens=k, stream=stream, **kw)) for k in ks}
-  outs = {"base": [base(g) for g in groups]}  # compile everything first
-  for k in ks:
-    outs[k] = [spec[k](g) for g in groups]
-  jax.block_until_ready([o.tokens for v in outs.values() for o in v])
-
-  spent = {name: [] for name in outs}
-  for _ in range(repeats):  # interleaved: drift hits every variant alike
-    totals = dict.fromkeys(outs, 0.0)
-    for i, g in enumerate(groups):
-      outs["base"][i], t = _timed(lambda: base(g))
-      totals["base"] += t
-      for k in ks:
-        outs[k][i], t = _timed(lambda: spec[k](g))
-        totals[k] += t
-    for name, t in totals.items():
-      spent[name].append(t)
+  name = lambda k: f"K={k}"
+  base_name = runner.plain(temperature).name
+  variants = [runner.plain(temperature)] + [
+      runner.Variant(name(k), Built(drafter, k, f"K = {k}"), temperature, {"k": k}) for k in ks]
+  settings = runner.Settings(max_new_tokens=max_new_tokens, repeats=repeats, batch=batch_size,
+                             seed=seed, eos=False, progress=False)
+  result = runner.run(target, variants, workloads.from_ids("prompts", prompts), settings,
+                      study="measure")
+  recs = result.records
 
   latencies = {}
   if latency:  # streamed programs are their own: compiled here, then timed interleaved
-    fns = {"base": base, **spec}
-    for name, fn in fns.items():
-      lat.timed_call(lambda stream, g=groups[0], fn=fn: fn(g, stream=stream))
-    samples = {name: [] for name in fns}
+    groups = _batches(list(prompts), batch_size)
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=())
+    fns = {"base": lambda g, stream: generate(target, g, stream=stream, **kw),
+           **{k: (lambda g, stream, k=k: speculative_generate(
+               target, drafter, g, num_draft_tokens=k, stream=stream, **kw)) for k in ks}}
+    for fn in fns.values():
+      lat.timed_call(lambda stream, g=groups[0], fn=fn: fn(g, stream))
+    samples = {n: [] for n in fns}
     for _ in range(repeats):
       for g in groups:
-        for name, fn in fns.items():
-          samples[name].append(lat.timed_call(lambda stream, g=g, fn=fn: fn(g, stream=stream))[1])
-    latencies = {name: lat.percentiles(lat.merge(v)) for name, v in samples.items()}
+        for n, fn in fns.items():
+          samples[n].append(lat.timed_call(lambda stream, g=g, fn=fn: fn(g, stream))[1])
+    latencies = {n: lat.percentiles(lat.merge(v)) for n, v in samples.items()}
 
   longest = max(len(p) for p in prompts)
   widest = max(verify_width(drafter, k) for k in ks)
   S = cache_bucket(longest + max_new_tokens + widest)
   prefix = min(longest, S - widest - 1)
-  t_step = costs.call_time(target, len(groups[0]), 1, S, prefix=prefix)
-  base_time = statistics.median(spent["base"])
-  base_tokens = sum(int(np.sum(np.asarray(o.lengths))) for o in outs["base"])
+  B = min(batch_size, len(prompts))
+  t_step = costs.call_time(target, B, 1, S, prefix=prefix)
+  base = M.select(recs, method=base_name)
   rows = []
   for k in ks:
-    hist = sum(np.asarray(o.stats.accept_hist, np.int64) for o in outs[k])
-    emitted = sum(int(np.sum(np.asarray(o.lengths))) for o in outs[k])
-    calls = sum(int(np.sum(np.asarray(o.stats.target_calls))) for o in outs[k])
-    rates = acceptance_rates(hist, emitted, calls)
-    t_verify = costs.call_time(target, len(groups[0]), verify_width(drafter, k), S,
-                               prefix=prefix)
+    mine = M.select(recs, method=name(k))
+    per_row = [r for rec in mine for r in record_rows(rec)]
+    hist = np.sum([_hist(r, k) for r in per_row], axis=0)
+    rates = acceptance_rates(hist, sum(r.tokens for r in mine), sum(r.calls for r in mine))
+    t_verify = costs.call_time(target, B, verify_width(drafter, k), S, prefix=prefix)
     # A branch drafter (lookahead) drafts by lookups; its work is the verify's extra rows.
     t_round = (0.0 if isinstance(drafter, BranchDrafter)
-               else round_time(drafter, len(groups[0]), k, S, prefix=prefix, target=target))
-    spec_time = statistics.median(spent[k])
-    same = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-               for a, b in zip(outs["base"], outs[k]))
+               else round_time(drafter, B, k, S, prefix=prefix, target=target))
     rows.append({
         "k": k, "tau": rates["tau"], "alpha": rates["alpha"],
-        "draft_accept": rates["draft_accept"], "position_acceptance": position_acceptance(hist),
+        "draft_accept": rates["draft_accept"], "position_acceptance": M.acceptance(mine),
         "accept_hist": hist.tolist(), "t_verify_ms": t_verify * 1e3,
         "t_draft_round_ms": t_round * 1e3,
         "predicted_speedup": ideal_speedup(rates["tau"], 1, t_step, t_verify, t_round),
-        "measured_speedup": base_time / spec_time, "tokens_per_s": emitted / spec_time,
-        "equal_to_baseline": same if temperature == 0 else None,
-        "per_prompt": per_prompt(outs[k]),
+        "measured_speedup": M.speedup(base, mine), "tokens_per_s": M.tokens_per_s(mine),
+        "equal_to_baseline": M.all_equal(mine) if temperature == 0 else None,
+        "per_prompt": [_one(r, k) for r in per_row],
         **({"latency": latencies[k]} if latency else {}),
     })
   return {
       "prompts": len(prompts), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
       "temperature": temperature, "repeats": repeats, "backend": jax.default_backend(),
-      "t_step_ms": t_step * 1e3, "baseline_tokens_per_s": base_tokens / base_time,
-      "rows": rows,
+      "t_step_ms": t_step * 1e3, "baseline_tokens_per_s": M.tokens_per_s(base),
+      "rows": rows, "records": [r.to_json() for r in recs],
       **({"baseline_latency": latencies["base"]} if latency else {}),
   }
+
+
+def _hist(r, k: int) -> np.ndarray:
+  """[k+1] rounds by accepted count of one row, from its acceptance by position (a round
+  that accepted m drafts is counted at positions 0..m-1)."""
+  acc = list(r.accepted[:k]) + [0] * (k - len(r.accepted[:k])) + [0]
+  return np.array([r.calls - acc[0]] + [acc[i] - acc[i + 1] for i in range(k)], np.int64)
+
+
+def _one(r, k: int) -> dict:
+  """A row's tau, accepted-count histogram and acceptance by position (NaN: never judged)."""
+  return {"tau": r.tokens / max(r.calls, 1), "accept_hist": _hist(r, k).tolist(),
+          "position_acceptance": [a / j if j else float("nan")
+                                  for a, j in zip(r.accepted, r.judged)]}
 
 
 def format_table(report: dict) -> str:
