@@ -1,7 +1,7 @@
 """`jspec bench --suite spec-bench`: question files in Spec-Bench's format, the category mapping,
 seeded sampling, the method registry, bad input refused before anything compiles, the
-report's arithmetic, and a run end to end on a tiny random llama GGUF with a chat template
-(answers equal to plain greedy, the JSON written; a mismatch fails the command)."""
+study's arithmetic on records, and a run end to end on a tiny random llama GGUF with a chat
+template (answers equal to plain greedy, the records written; a mismatch fails the command)."""
 
 import dataclasses
 import json
@@ -13,7 +13,10 @@ import jspec
 from conftest import require
 from jspec.bench import questions as suite
 from jspec.bench import methods
-from jspec.tools import bench_suite, cli, spec_bench, spec_bench_report
+from jspec.bench import metrics as M
+from jspec.bench import records, report, runner
+from jspec.bench import spec_bench as study
+from jspec.tools import bench_suite, cli
 from test_bench_real import write_tiny_llama
 
 ROWS = [
@@ -180,85 +183,63 @@ def test_suite_options_need_the_suite():
 # ----------------------------------------------------------------------------- the report
 
 
-def _item(group, plain_t, ngram_t, tokens, calls, judged, accepted):
-  return {"group": group, "prompt_tokens": 10, "S": 128,
-          "times": {"plain": [plain_t, plain_t * 1.1], "ngram": [ngram_t, ngram_t]},
-          "runs": {"plain": {"tokens": tokens, "calls": tokens, "judged": [], "accepted": [],
-                             "rounds_by_k": {}, },
-                   "ngram": {"tokens": tokens, "calls": calls, "judged": judged,
-                             "accepted": accepted, "rounds_by_k": {}, "equal": True}}}
+def _recs(group, prompt, plain_t, ngram_t, tokens, calls, judged, accepted):
+  axes = dict(category=group, temperature=0.0, prompt_tokens=10)
+  return [records.Record("spec-bench", "plain", "spec-bench", prompt, axes, tokens, tokens,
+                         seconds=(plain_t, plain_t * 1.1)),
+          records.Record("spec-bench", "ngram", "spec-bench", prompt, dict(axes, k=2), tokens,
+                         calls, judged=tuple(judged), accepted=tuple(accepted),
+                         seconds=(ngram_t, ngram_t), equal=True)]
 
 
-def test_aggregate_tau_acceptance_speedups_and_predictions():
-  items = [_item("qa", 2.0, 1.0, 12, 6, [6, 4], [4, 2]),
-           _item("rag", 1.0, 1.0, 8, 4, [4, 3], [3, 1])]
-  built = {"ngram": methods.Built(drafter=None, k=2, description="")}
-  costs = {"methods": {"ngram": {"2": {"draft_round_over_step": 0.25,
-                                       "verify_over_step_here": 1.5}}}}
-  res = spec_bench_report.aggregate(items, built, False, costs)["greedy"]
-  assert list(res["ngram"]) == ["qa", "rag", "overall"]
-  qa, overall = res["ngram"]["qa"], res["ngram"]["overall"]
-  assert qa["tau"] == 2.0 and overall["tau"] == 20 / 10
-  assert qa["position_acceptance"] == [4 / 6, 2 / 4]
-  assert overall["position_acceptance"] == [7 / 10, 3 / 7]
+def test_tables_tau_acceptance_speedups_and_predictions():
+  recs = (_recs("qa", "1", 2.0, 1.0, 12, 6, [6, 4], [4, 2])
+          + _recs("rag", "2", 1.0, 1.0, 8, 4, [4, 3], [3, 1]))
+  head = {"methods": {"ngram": {"k": 2}}, "costs": [{"ngram": {"2": {
+      "draft_round_over_step": 0.25, "verify_over_step_here": 1.5}}}]}
+  qa = M.select(recs, method="ngram", category="qa")
+  ngram = M.select(recs, method="ngram")
+  assert M.tau(qa) == 2.0 and M.tau(ngram) == 20 / 10
+  assert M.acceptance(qa) == [4 / 6, 2 / 4] and M.acceptance(ngram) == [7 / 10, 3 / 7]
   # Speedup: the median over repeats of plain's time over the method's, same repeat.
-  assert qa["speedup"] == pytest.approx(np.median([2.0 / 1.0, 2.2 / 1.0]))
-  assert overall["speedup"] == pytest.approx(np.median([3.0 / 2.0, 3.3 / 2.0]))
+  base = report.base_of(recs, qa)
+  assert M.speedup(base, qa) == pytest.approx(np.median([2.0 / 1.0, 2.2 / 1.0]))
+  assert M.speedup(report.base_of(recs, ngram), ngram) == pytest.approx(
+      np.median([3.0 / 2.0, 3.3 / 2.0]))
   # Accelerator regime: a verify costs one step, a draft round 0.25 of one (measured).
-  assert qa["predicted_accelerator"] == pytest.approx(12 / (6 * 1.25))
-  assert qa["ideal_here"] == pytest.approx(12 / (6 * (1.5 + 0.25)))
-  assert qa["equal_to_plain"] is True
-  table = spec_bench_report.format_table(res, "title")
-  assert "Question Answering" in table and "2.00" in table and "plain" not in table
+  accel, here = M.predicted(qa, head["costs"][0]["ngram"], 2)
+  assert accel == pytest.approx(12 / (6 * 1.25)) and here == pytest.approx(12 / (6 * 1.75))
+  tables = study.tables(head, recs)
+  speed, predicted = tables.values()
+  assert "Question Answering" in speed and "| `ngram` | 2.10x (2.00) | 1.05x (2.00) |" in speed
+  assert "plain" not in speed
+  assert f"| `ngram` | {12 / 7.5:.2f}x | {8 / 5:.2f}x | {20 / 12.5:.2f}x |" in predicted
+  assert "0.70[10] 0.43[7]" in study.acceptance_lines(recs)
 
 
 # ----------------------------------------------------------------------------- end to end
 
 
-def _assert_cells_follow_the_items(report, mode, name):
-  """Each of a method's cells (per category and overall) against its items, recomputed here:
-  tau is tokens over target calls; each run's tokens are its accepted drafts plus one per
-  call (one fewer in a call cut at the answer's end); acceptance by position is accepted over
-  judged, and a position is judged as often as the one before it was accepted (but for a
-  cut); the speedup
-  is the median over repeats of plain's summed time over the method's, in the same repeat,
-  scaled by tokens; the prediction prices each round at one step plus the measured draft
-  round."""
-  variant, base = (name, "plain") if mode == "greedy" else (name + "@T1", "plain@T1")
-  k = report["methods"][name]["k"]
-  cost = report["costs"]["methods"][name][str(k)]
-  for group, cell in report["results"][mode][name].items():
-    items = [it for it in report["items"] if group == "overall" or it["group"] == group]
-    runs = [it["runs"][variant] for it in items]
-    tokens, calls = sum(r["tokens"] for r in runs), sum(r["calls"] for r in runs)
-    assert (cell["tokens"], cell["target_calls"]) == (tokens, calls), group
-    assert cell["tau"] == pytest.approx(tokens / calls), group
-    for r in runs:
-      accepted = sum(r["accepted"])
-      assert r["calls"] + accepted - 1 <= r["tokens"] <= r["calls"] + accepted, r
-      # Position i + 1 is judged in the rounds that accepted position i, but for one round
-      # cut right after it at the answer's end.
-      behind = np.asarray(r["accepted"][:-1]) - np.asarray(r["judged"][1:])
-      assert r["judged"][0] == r["calls"] and np.all(behind >= 0) and behind.sum() <= 1, r
-    judged = np.sum([r["judged"] for r in runs], axis=0)
-    accepted = np.sum([r["accepted"] for r in runs], axis=0)
-    assert cell["position_acceptance"] == [a / j if j else None
-                                           for a, j in zip(accepted.tolist(), judged.tolist())]
-    repeats = len(items[0]["times"][variant])
-    ratios = [sum(it["times"][base][i] for it in items) / sum(it["times"][variant][i]
-                                                             for it in items)
-              for i in range(repeats)]
-    base_tokens = sum(it["runs"][base]["tokens"] for it in items)
-    assert cell["speedup"] == pytest.approx(float(np.median(ratios)) * tokens / base_tokens)
-    assert cell["predicted_accelerator"] == pytest.approx(
-        tokens / (calls * (1.0 + cost["draft_round_over_step"]))), group
+def _assert_records_are_sound(recs, name, base_name="plain"):
+  """Each of a method's records against what decoding must satisfy: each run's tokens are its
+  accepted drafts plus one per call (one fewer in a call cut at the answer's end); a
+  position is judged as often as the one before it was accepted (but for a cut); and the
+  same prompts as plain decoding, every repeat timed."""
+  mine, base = M.select(recs, method=name), M.select(recs, method=base_name)
+  assert sorted(r.prompt for r in mine) == sorted(r.prompt for r in base)
+  for r in mine:
+    accepted = sum(r.accepted)
+    assert r.calls + accepted - 1 <= r.tokens <= r.calls + accepted, r
+    behind = np.asarray(r.accepted[:-1]) - np.asarray(r.judged[1:])
+    assert r.judged[0] == r.calls and np.all(behind >= 0) and behind.sum() <= 1, r
+    assert len(r.seconds) == 1 and r.seconds[0] > 0
 
 
 @pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
   plot = ["--plot", str(tmp_path / "suite.png")] if require(
       "matplotlib", optional=True) is not None else []
-  out = tmp_path / "suite.json"
+  out = tmp_path / "suite.jsonl"
   rows = [ROWS[0], ROWS[2]]  # one two-turn conversation, one single turn
   argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
           write_questions(tmp_path / "q.jsonl", rows), "--all", "--methods", "ngram,suffix",
@@ -267,95 +248,93 @@ def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
   assert cli.main(argv) == 0
   printed = capsys.readouterr().out
   assert "Multi-turn Conversation" in printed and "every greedy answer equals" in printed
-  report = json.loads(out.read_text())
-  assert report["mismatches"] == [] and report["prompts_by_category"] == {
-      "mt_bench": 1, "translation": 1}
-  assert [(it["question_id"], it["turn"]) for it in report["items"]] == [(81, 1), (81, 2), (90, 1)]
+  head, recs = records.read(str(out))
+  assert head["mismatches"] == [] and head["columns"] == ["mt_bench", "translation"]
+  plain = M.select(recs, method="plain")
+  # Every turn of the first question before the second's turn 2: turn order kept.
+  assert [r.prompt for r in plain] == ["81", "90", "81/2"]
   # Turn 2's prompt holds turn 1 and its answer.
-  assert report["items"][1]["prompt_tokens"] > report["items"][0]["prompt_tokens"]
-  for it in report["items"]:
-    assert it["runs"]["ngram"]["equal"] and it["runs"]["suffix"]["equal"]
-  greedy = report["results"]["greedy"]
+  assert plain[2].axes["prompt_tokens"] > plain[0].axes["prompt_tokens"]
   for name in ("ngram", "suffix"):
-    assert all(cell["equal_to_plain"] for cell in greedy[name].values())
-    for it in report["items"]:  # greedy: the same tokens as plain decoding
-      assert it["runs"][name]["tokens"] == it["runs"]["plain"]["tokens"]
-    _assert_cells_follow_the_items(report, "greedy", name)
-  assert report["costs"]["methods"]["ngram"]["4"]["verify_tokens"] == 5
-  assert "Overall" in report["tables"]["speedup"]
+    mine = M.select(recs, method=name)
+    assert all(r.equal for r in mine)
+    assert [r.tokens for r in mine] == [r.tokens for r in plain]  # greedy: the same answers
+    _assert_records_are_sound(recs, name)
+  assert head["costs"][0]["ngram"]["4"]["verify_tokens"] == 5
+  assert "Overall (tau)" in printed
   if plot:
     assert (tmp_path / "suite.png").stat().st_size > 0
 
 
 @pytest.mark.slow
 def test_runs_over_categories_merge_into_the_run_over_all(tiny_gguf, tmp_path, capsys):
-  """--categories splits one draw across processes; --merge joins their reports into the
-  figures of one run over every category (n-gram lookup keeps no state across questions,
-  so tau and acceptance are the same; the costs are the first part's)."""
+  """--categories splits one draw across processes; --merge joins their records into the
+  records of one run over every category (n-gram lookup keeps no state across questions, so
+  the counts are the same), each category priced by its own process's costs."""
   questions = write_questions(tmp_path / "q.jsonl")
   base = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions", questions,
           "--per-category", "2", "--methods", "ngram", "--max-new-tokens", "5", "--cache-dir",
           str(tmp_path / "xla"), "--no-progress"]
   paths = {}
   for name, cats in (("all", None), ("a", "mt_bench"), ("b", "translation,qa")):
-    paths[name] = str(tmp_path / f"{name}.json")
+    paths[name] = str(tmp_path / f"{name}.jsonl")
     assert cli.main(base + ["--json", paths[name]]
                     + ([] if cats is None else ["--categories", cats])) == 0
-  parts = [json.loads(open(paths[n]).read()) for n in ("a", "b")]
-  assert list(parts[0]["prompts_by_category"]) == ["mt_bench"]
-  assert list(parts[1]["prompts_by_category"]) == ["translation", "qa"]
-  merged_path = str(tmp_path / "merged.json")
+  parts = [records.read(paths[n]) for n in ("a", "b")]
+  assert parts[0][0]["columns"] == ["mt_bench"]
+  assert parts[1][0]["columns"] == ["translation", "qa"]
+  merged_path = str(tmp_path / "merged.jsonl")
   assert cli.main(["bench", "--suite", "spec-bench", "--merge", paths["b"], paths["a"],
                    "--json", merged_path]) == 0
-  merged, whole = json.loads(open(merged_path).read()), json.loads(open(paths["all"]).read())
-  assert merged["prompts_by_category"] == whole["prompts_by_category"]  # the columns' order
+  (merged, mrecs), (whole, wrecs) = records.read(merged_path), records.read(paths["all"])
+  assert merged["columns"] == whole["columns"]  # Spec-Bench's order, whatever the merge's
   assert sorted(merged["question_ids"]) == sorted(whole["question_ids"])
-  for g, cell in whole["results"]["greedy"]["ngram"].items():
-    got = merged["results"]["greedy"]["ngram"][g]
-    assert (got["tokens"], got["target_calls"]) == (cell["tokens"], cell["target_calls"]), g
-    assert got["position_acceptance"] == cell["position_acceptance"]
-  assert merged["costs"] == parts[1]["costs"] and len(merged["merged_costs"]) == 2
-  # Each category predicted with its own run's costs; overall: tokens over summed time.
-  for part in parts:
-    for g, cell in part["results"]["greedy"]["ngram"].items():
-      if g != "overall":
-        assert merged["results"]["greedy"]["ngram"][g] == cell
-  cells = [p["results"]["greedy"]["ngram"]["overall"] for p in parts]
-  assert merged["results"]["greedy"]["ngram"]["overall"]["predicted_accelerator"] == (
-      pytest.approx(sum(c["tokens"] for c in cells)
-                    / sum(c["tokens"] / c["predicted_accelerator"] for c in cells)))
+  key = lambda r: (r.method, r.prompt)
+  counts = lambda rs: sorted((key(r), r.tokens, r.calls, r.judged, r.accepted) for r in rs)
+  assert counts(mrecs) == counts(wrecs)
+  assert merged["costs"] == parts[1][0]["costs"] + parts[0][0]["costs"]
+  # Each category priced with its own run's costs: the merged table's cells are the parts'.
+  table = report.spec_bench_predicted(merged, mrecs).splitlines()[2].split(" | ")
+  for head, recs in parts:
+    own = report.spec_bench_predicted(head, recs).splitlines()[2].split(" | ")
+    for col, cell in zip(head["columns"], own[1:-1]):
+      assert table[1 + merged["columns"].index(col)] == cell, col
   assert "Question Answering" in capsys.readouterr().out
-  # Reports that do not belong together are refused.
+  # Runs that do not belong together are refused.
   with pytest.raises(SystemExit, match="question 81 is in both"):
-    bench_suite.merge([paths["a"], paths["all"]])
-  other = dict(parts[0], settings=dict(parts[0]["settings"], max_new_tokens=9))
-  (tmp_path / "other.json").write_text(json.dumps(other))
-  with pytest.raises(SystemExit, match="max_new_tokens = 5, .*other.json with 9"):
-    bench_suite.merge([str(tmp_path / "other.json"), paths["b"]])
+    cli.main(["bench", "--suite", "spec-bench", "--merge", paths["a"], paths["all"],
+              "--json", str(tmp_path / "x.jsonl")])
+  head, recs = parts[0]
+  other = str(tmp_path / "other.jsonl")
+  records.write(other, dict(head, settings=dict(head["settings"], max_new_tokens=9)), recs)
+  with pytest.raises(SystemExit, match="other.jsonl ran with max_new_tokens = 9, .* with 5"):
+    cli.main(["bench", "--suite", "spec-bench", "--merge", paths["b"], other,
+              "--json", str(tmp_path / "x.jsonl")])
   with pytest.raises(SystemExit, match="give --json"):
     cli.main(["bench", "--suite", "spec-bench", "--merge", paths["a"], paths["b"]])
 
 
 @pytest.mark.slow  # twice the programs of a greedy run
-def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path):
-  out = tmp_path / "suite.json"
+def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path, capsys):
+  out = tmp_path / "suite.jsonl"
   argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
           write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--methods", "ngram", "--sampled",
           "--max-new-tokens", "6", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
           "--no-progress"]
   assert cli.main(argv) == 0
-  report = json.loads(out.read_text())
+  head, recs = records.read(str(out))
   # T = 1: every method against plain sampling; answers differ by design, none compared.
-  sampled = report["results"]["sampled"]
-  assert set(sampled) == {"plain", "ngram"}
-  assert all("equal_to_plain" not in c for c in sampled["ngram"].values())
-  _assert_cells_follow_the_items(report, "sampled", "ngram")
-  assert report["results"]["greedy"]["ngram"]["overall"]["equal_to_plain"]
-  assert "at T = 1" in report["tables"]["sampled"]
+  assert {r.method for r in recs} == {"plain", "ngram", "plain@T1", "ngram@T1"}
+  hot = M.select(recs, temperature=1.0)
+  assert {r.method for r in hot} == {"plain@T1", "ngram@T1"}
+  assert all(r.equal is None for r in hot)
+  _assert_records_are_sound(recs, "ngram@T1", "plain@T1")
+  assert M.select(recs, method="ngram")[0].equal is True
+  assert "at T = 1" in capsys.readouterr().out
 
 
 def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypatch, capsys):
-  real = spec_bench._call
+  real = runner.jspec_call
 
   def altered(target, built, *args):
     fn = real(target, built, *args)
@@ -369,16 +348,16 @@ def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypa
       return dataclasses.replace(out, tokens=tokens)
     return call
 
-  monkeypatch.setattr(spec_bench, "_call", altered)
-  out = tmp_path / "suite.json"
+  monkeypatch.setattr(runner, "jspec_call", altered)
+  out = tmp_path / "suite.jsonl"
   argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
           write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--methods", "ngram",
           "--max-new-tokens", "4", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
           "--no-progress"]
   assert cli.main(argv) == 1
   err = capsys.readouterr().err
-  assert "MISMATCH: ngram on question 90 turn 1" in err and "ERROR: 1 greedy answer" in err
-  (mismatch,) = json.loads(out.read_text())["mismatches"]
+  assert "MISMATCH: ngram on '90' (row 0)" in err and "ERROR: 1 greedy answer" in err
+  (mismatch,) = records.read(str(out))[0]["mismatches"]
   assert mismatch["method"] == "ngram" and mismatch["first_difference"] == 0
 
 
@@ -387,26 +366,26 @@ def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf,
   """The matrix a Token Recycling call hands back (`out.memory`) starts the next prompt's
   call: empty for the first prompt, holding what the verifies saw for the later ones, and
   every answer still equal to plain greedy's."""
-  real = spec_bench._call
+  real = runner.jspec_call
   seen = []
 
-  def spy(target, built, ids, S, temperature, seed, memory, carried=None):
+  def spy(target, built, rows, max_new, temperature, seed, eos, memory=None, carried=None):
     if built is not None:
       seen.append(None if carried is None else np.asarray(carried))
-    return real(target, built, ids, S, temperature, seed, memory, carried)
+    return real(target, built, rows, max_new, temperature, seed, eos, memory, carried)
 
-  monkeypatch.setattr(spec_bench, "_call", spy)
-  out = tmp_path / "suite.json"
+  monkeypatch.setattr(runner, "jspec_call", spy)
+  out = tmp_path / "suite.jsonl"
   argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
           write_questions(tmp_path / "q.jsonl", [ROWS[0], ROWS[2]]), "--all", "--methods",
           "recycling", "--max-new-tokens", "6", "--json", str(out), "--cache-dir",
           str(tmp_path / "xla"), "--no-progress"]
   assert cli.main(argv) == 0
-  report = json.loads(out.read_text())
-  assert report["mismatches"] == [] and len(report["items"]) == 3
+  head, recs = records.read(str(out))
+  assert head["mismatches"] == [] and len(M.select(recs, method="recycling")) == 3
   # The leaderboard's configuration: the paper's 81-node tree, priced at that verify width.
-  assert report["methods"]["recycling"]["k"] == 6
-  assert report["costs"]["methods"]["recycling"]["6"]["verify_tokens"] == 81
+  assert head["methods"]["recycling"]["k"] == 6
+  assert head["costs"][0]["recycling"]["6"]["verify_tokens"] == 81
   assert len(seen) == 3 and all(m is not None for m in seen)
   assert np.all(seen[0] == -1)  # nothing verified before the first prompt
   learnt = [int(np.sum(m >= 0)) for m in seen]
@@ -437,7 +416,7 @@ def test_trained_heads_run_as_chains_trees_and_blocks(tiny_gguf, tmp_path):
                             initializer_range=0.3)
   PD.export_drafter(jspec.DFlash.from_target(target, DF.init_params(dconfig, jax.random.key(2)),
                                              dconfig), tmp_path / "dflash", "speculators")
-  out = tmp_path / "suite.json"
+  out = tmp_path / "suite.jsonl"
   argv = ["bench", "--suite", "spec-bench", "--target", tiny_gguf, "--questions",
           write_questions(tmp_path / "q.jsonl", [ROWS[2]]), "--all", "--methods",
           "eagle3,eagle3-tree,dflash", "--eagle", str(tmp_path / "eagle"), "--dflash",
@@ -445,18 +424,19 @@ def test_trained_heads_run_as_chains_trees_and_blocks(tiny_gguf, tmp_path):
           "--max-new-tokens", "8", "--json", str(out), "--cache-dir", str(tmp_path / "xla"),
           "--no-progress"]
   assert cli.main(argv) == 0
-  report = json.loads(out.read_text())
-  assert report["mismatches"] == [] and report["unavailable"] == {}
-  assert report["methods"]["eagle3"]["k"] == 5
-  assert report["methods"]["eagle3-tree"]["k"] == 3  # the tree's depth
-  assert report["methods"]["dflash"]["k"] == 3  # block 4 drafts at most 3
-  cost = report["costs"]["methods"]
+  head, recs = records.read(str(out))
+  assert head["mismatches"] == [] and head["unavailable"] == {}
+  assert head["methods"]["eagle3"]["k"] == 5
+  assert head["methods"]["eagle3-tree"]["k"] == 3  # the tree's depth
+  assert head["methods"]["dflash"]["k"] == 3  # block 4 drafts at most 3
+  cost = head["costs"][0]
   assert cost["eagle3"]["5"]["verify_tokens"] == 6
   assert cost["eagle3-tree"]["3"]["verify_tokens"] == 6
   assert cost["eagle3-tree"]["3"]["t_draft_round_ms"] is not None  # the dynamic round timed
+  (plain,) = M.select(recs, method="plain")
   for name in ("eagle3", "eagle3-tree", "dflash"):
-    run = report["items"][0]["runs"][name]
-    assert run["equal"] and run["tokens"] == report["items"][0]["runs"]["plain"]["tokens"]
+    (run,) = M.select(recs, method=name)
+    assert run.equal and run.tokens == plain.tokens
 
 
 def test_the_eagle_tree_option_is_checked_before_the_model_loads(tmp_path, monkeypatch):

@@ -186,8 +186,10 @@ def _cells(workload: Workload, batch: int):
 
 
 def run(target, variants: list[Variant], workload: Workload, s: Settings, study: str,
-        call: Callable = jspec_call, log=print) -> Result:
-  """Every cell of the workload, every variant; the records, and the greedy mismatches."""
+        call: Callable | None = None) -> Result:
+  """Every cell of the workload, every variant; the records, and the greedy mismatches.
+  call: what makes a variant's call for a cell (`jspec_call`, read when `run` is called)."""
+  call = call or jspec_call
   from jspec.core.drafter import RememberingDrafter
   from jspec.drafters.suffix import SuffixMemory, remember
 

@@ -128,13 +128,12 @@ def conversation_prompts(target, path: str, n: int) -> list[list[int]]:
   """The first turns of the first `n` MT-Bench questions (Spec-Bench's "mt_bench" group) of
   `path`, in the target's chat template."""
   from jspec.bench import questions as suite
-  from jspec.tools import spec_bench
+  from jspec.bench.workloads import encode, user
 
   questions = [q for q in suite.read_questions(path) if q.group == "mt_bench"][:n]
   if len(questions) < n:
     raise SystemExit(f"--conversations {n}: {path} holds {len(questions)} MT-Bench questions")
-  return [spec_bench.chat_ids(target.tokenizer, [{"role": "user", "content": q.turns[0]}])
-          for q in questions]
+  return [encode(target.tokenizer, user(q.turns[0])) for q in questions]
 
 
 def batched_acceptance(target, drafter, prompts: list[list[int]], k: int,

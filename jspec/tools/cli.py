@@ -508,7 +508,7 @@ def main(argv=None) -> int:
                  help="with --target: torch's threads (default: torch's own, one per core)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
   g = p.add_argument_group("--suite spec-bench", "Spec-Bench's question categories, every "
-                           "method at batch 1 against plain greedy (jspec/tools/spec_bench.py); "
+                           "method at batch 1 against plain greedy (jspec/bench/spec_bench.py); "
                            "--target (default smollm2), --fixed-k, --max-new-tokens (default "
                            "128) and --repeats apply")
   g.add_argument("--suite", default=None, help="spec-bench")
