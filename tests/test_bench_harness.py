@@ -274,3 +274,188 @@ def test_legacy_spec_bench_report_keeps_every_figure():
   assert "| `ngram` | 2.00x | 2.00x |" in table  # 8 tokens over 4 rounds of one step
   with pytest.raises(ValueError, match="not a `jspec bench --suite` report"):
     legacy.spec_bench({"items": []}, "x.json")
+
+
+# ----------------------------------------------------------------------------- legacy reports
+
+
+def _timed(tokens, times, **extra):
+  """An old report's timed row: tokens, each repeat's seconds, the median and tokens/s."""
+  med = float(np.median(times))
+  return dict(tokens=tokens, time_s=med, tokens_per_s=tokens / med, times_s=list(times), **extra)
+
+
+def test_legacy_spec_bench_checks_the_figures_the_report_stored():
+  old = {"settings": {"repeats": 2}, "methods": {"ngram": {"k": 4}},
+         "prompts_by_category": {"qa": 1},
+         "costs": {"t_step_ms": 40.0, "methods": {"ngram": {"4": {
+             "verify_over_step_here": 1.8, "draft_round_over_step": 0.0}}}},
+         "items": [{"question_id": 7, "group": "qa", "turn": 1, "prompt_tokens": 30,
+                    "times": {"plain": [2.0, 3.0], "ngram": [1.0, 2.0]},
+                    "runs": {"plain": {"tokens": 8, "calls": 8, "judged": [], "accepted": [],
+                                       "rounds_by_k": {}},
+                             "ngram": {"tokens": 8, "calls": 4, "judged": [4, 2],
+                                       "accepted": [2, 1], "rounds_by_k": {}, "equal": True}}}],
+         "results": {"greedy": {"ngram": {g: {
+             "prompts": 1, "tokens": 8, "target_calls": 4, "tau": 2.0, "speedup": 1.75,
+             "position_acceptance": [0.5, 0.5], "position_judged": [4, 2],
+             "equal_to_plain": True, "predicted_accelerator": 2.0, "ideal_here": 8 / 7.2}
+             for g in ("qa", "overall")}}}}
+  head, rs = legacy.spec_bench(old, "old.json", study="heads")
+  assert head["study"] == "heads" and {r.study for r in rs} == {"heads"}
+  old["results"]["greedy"]["ngram"]["overall"]["tau"] = 2.5
+  with pytest.raises(ValueError, match="greedy ngram overall: tau is 2.5 in the file, 2.0"):
+    legacy.spec_bench(old, "old.json")
+
+
+def _real_ngram_report():
+  row = {"jspec_greedy": _timed(12, [2.0, 4.0, 3.0]),
+         "jspec_ngram@4": _timed(12, [1.0, 2.0, 2.0], speedup=2.0, equal_to_greedy=True, tau=3.0),
+         "jspec_ngram@auto": _timed(12, [1.5, 2.0, 3.0], speedup=4 / 3, equal_to_greedy=True,
+                                    tau=2.0, rounds_by_k={"0": 2, "4": 2}),
+         "transformers_greedy": _timed(12, [6.0, 8.0, 6.0]),
+         "transformers_prompt_lookup": _timed(12, [3.0, 4.0, 4.0], speedup=2.0,
+                                              equal_to_greedy=True),
+         "jspec_over_transformers_prompt_lookup": {"4": 2.0, "auto": 2.0}}
+  return {"model": "m.gguf", "params": 1, "settings": {"k": 4, "per_kind": 1},
+          "backend": "cpu", "cpu_count": 2, "jax_threads": 2, "jax": "0",
+          "prompts": [{"kind": "restate", "tokens": 30}],
+          "settings_by_section": {"ngram": {}},
+          "ngram": {"k": 4, "max_ngram": 3, "mismatches": [],
+                    "kinds": {"restate": row, "all": json.loads(json.dumps(row))}}}
+
+
+def test_legacy_real_ngram_keeps_every_figure_and_refuses_a_wrong_one():
+  old = _real_ngram_report()
+  head, rs = legacy.real_ngram(old, "old.json@abc")
+  assert head["converted_from"] == "old.json@abc" and len(rs) == 5
+  auto = next(r for r in rs if r.method == "ngram@k=auto")
+  assert auto.calls == 6 and auto.rounds_by_k == {0: 2, 4: 2} and auto.seconds == (1.5, 2.0, 3.0)
+  assert auto.extra == {"prompts": 1, "prompt_tokens": [30]}
+  assert report.real_ngram_transformers(head, rs).splitlines()[2] == (
+      "| restating given text or code | 4.0 tok/s | 2.0 tok/s | 2.00x | 1.33x | 2.00x |")
+  old["ngram"]["kinds"]["all"]["jspec_ngram@4"]["speedup"] = 2.5
+  with pytest.raises(ValueError, match="all: jspec_ngram@4.speedup is 2.5 in the file, 2.0"):
+    legacy.real_ngram(old, "old.json")
+  with pytest.raises(ValueError, match="no whole number of target calls"):
+    old = _real_ngram_report()
+    old["ngram"]["kinds"]["restate"]["jspec_ngram@4"]["tau"] = 5.0
+    legacy.real_ngram(old, "old.json")
+
+
+def _heads_report():
+  def run(tokens, tau, time_s, speedup):
+    return {"tokens": tokens, "tau": tau, "time_s": time_s, "speedup": speedup,
+            "request_ms": {"p50": 1.0, "p90": 2.0, "p99": 3.0},
+            "itl_ms": {"p50": 10.0, "p90": 20.0, "p99": 30.0}, "answers_differing_from_plain": 0}
+  return {"max_new_tokens": 64, "repeats": 3,
+          "methods": {"ngram": {"k": 4},
+                      "eagle3 tree16": {"tree": "DynamicTree(nodes=16, depth=5, top_k=4)"}},
+          "sets": {"restate": {"prompts": 2, "methods": {
+              "plain": run(10, 1.0, 2.0, 1.0), "ngram": run(10, 2.0, 1.0, 2.0),
+              "eagle3 tree16": run(10, 2.5, 4.0, 0.5)}}}}
+
+
+def test_legacy_heads_real_keeps_every_figure_and_refuses_a_wrong_one():
+  head, rs = legacy.heads_real(_heads_report(), "old.json")
+  assert [r.method for r in rs] == ["plain", "ngram@k=4", "eagle3@tree=16,5,4"]
+  assert rs[2].calls == 4 and rs[2].seconds == (4.0,) and rs[2].equal is True
+  assert report.heads_real_sets(head, rs).splitlines()[2:] == [
+      "| restate | n-gram K = 4 | 2.00 | 2.00x | 10.0 / 30.0 |",
+      "| | EAGLE-3 dynamic tree, 16 nodes | 2.50 | 0.50x | 10.0 / 30.0 |"]
+  old = _heads_report()
+  old["sets"]["restate"]["methods"]["ngram"]["speedup"] = 1.9
+  with pytest.raises(ValueError, match="restate ngram: speedup is 1.9 in the file, 2.0"):
+    legacy.heads_real(old, "old.json")
+
+
+def _assisted_report():
+  times = {"jspec_greedy": 2.0, "jspec_draft@4": 4.0, "transformers_greedy": 3.0,
+           "jspec_draft@auto": 2.5, "transformers_assisted@4": 3.0,
+           "transformers_assisted@4+confidence": 3.75}
+  row = {name: _timed(10, [t]) for name, t in times.items()}
+  row.update(tau=2.0, jspec_speedup=0.5, transformers_speedup=1.0,
+             jspec_over_transformers_assisted=0.75, auto_speedup=0.8, confidence_speedup=0.8,
+             jspec_auto_over_transformers_confidence=1.5, jspec_equal_to_greedy=True,
+             transformers_equal_to_greedy=True)
+  return {"target": "t.gguf", "draft": "d", "k": 4, "max_new_tokens": 64, "repeats": 1,
+          "torch_threads": 2, "jax_threads": 2,
+          "kinds": {"restate": row, "all": json.loads(json.dumps(row))}}
+
+
+def test_legacy_assisted_keeps_every_figure_and_refuses_a_wrong_one():
+  head, rs = legacy.assisted(_assisted_report(), "old.json")
+  assert len(rs) == 6 and next(r for r in rs if r.method == "draft@k=4").calls == 5
+  assert report.assisted_tokens_per_s(head, rs).splitlines()[2:] == [
+      "| restate | 5.0 | 2.5 (0.50x) | 4.0 (0.80x) | 3.3 | 3.3 (1.00x) | 2.7 (0.80x) |",
+      "| all | 5.0 | 2.5 (0.50x) | 4.0 (0.80x) | 3.3 | 3.3 (1.00x) | 2.7 (0.80x) |"]
+  old = _assisted_report()
+  old["kinds"]["restate"]["auto_speedup"] = 0.9
+  with pytest.raises(ValueError, match="restate: auto_speedup is 0.9 in the file, 0.8"):
+    legacy.assisted(old, "old.json")
+
+
+def _trees_report():
+  return {"head": "h", "questions": "q.jsonl", "conversations": 2, "new_tokens": 8, "rows": {
+      "chain K=2": {"k": 2, "tau": 1.7, "accept_hist": [5, 3, 2],
+                    "accept_per_position": [0.5, 0.4], "greedy_equal": True, "prompts": 2,
+                    "new_tokens": 8, "answer_tokens": 17, "target_calls": 10,
+                    "verify_tokens": 3, "head_passes_per_round": 2, "wall_seconds": 1.0}}}
+
+
+def test_legacy_eagle_trees_takes_acceptance_from_the_histogram():
+  head, (r,) = legacy.eagle_trees(_trees_report(), "old.json")
+  assert r.method == "eagle3@k=2" and r.judged == (10, 5) and r.accepted == (5, 2)
+  assert r.seconds == () and r.extra["wall_seconds"] == 1.0
+  assert report.eagle_trees_shapes(head, [r]).splitlines()[2] == (
+      "| chain K=2 | 3 | 2 | 1.700 | 0.50 / 0.40 |")
+  old = _trees_report()
+  old["rows"]["chain K=2"]["accept_per_position"] = [0.5, 0.3]
+  with pytest.raises(ValueError, match="accept_per_position is"):
+    legacy.eagle_trees(old, "old.json")
+  old = _trees_report()
+  old["rows"]["chain K=2"]["target_calls"] = 11
+  with pytest.raises(ValueError, match="the histogram holds 10 rounds"):
+    legacy.eagle_trees(old, "old.json")
+
+
+def test_legacy_capacity_many_and_capture_cost_keep_their_medians():
+  cap = {"study": "capacity", "batch": 2, "repeats": 3,
+         "rows": [{"cache_length": 256, "seconds_48": 2.0, "tokens_per_s_48": 48.0,
+                   "round_ms": 1000 * 3 / 96},
+                  {"cache_length": 4096, "seconds_48": 4.0, "tokens_per_s_48": 24.0,
+                   "round_ms": 1000 * 2 / 96}],
+         "times": {"256/48": [1.0, 2.0, 3.0], "256/144": [5.0, 5.0, 6.0],
+                   "4096/48": [4.0, 4.0, 4.0], "4096/144": [6.0, 6.0, 6.0]}}
+  head, rs = legacy.capacity(cap, "old.json")
+  assert report.capacity_cache(head, rs).splitlines()[2:] == [
+      "| 256 | 2.00 (1.00-3.00) | 5.00 (5.00-6.00) |",
+      "| 4,096 | 4.00 (4.00-4.00) | 6.00 (6.00-6.00) |", "| 4,096 / 256 | 2.00x | 1.20x |"]
+  cap["rows"][1]["round_ms"] = 30.0
+  with pytest.raises(ValueError, match="cache 4096: round_ms is 30.0 in the file"):
+    legacy.capacity(cap, "old.json")
+
+  many = {"study": "many", "requests": 4, "slots": 2, "new_tokens": 100, "repeats": 3,
+          "equal": True, "vllm_agreement": None,
+          "seconds": {"generate_many": 2.0, "static batches": 4.0},
+          "tokens_per_s": {"generate_many": 50.0, "static batches": 25.0},
+          "times": {"generate_many": [1.0, 2.0, 3.0], "static batches": [4.0, 4.0, 5.0]}}
+  head, rs = legacy.many(many, "old.json")
+  assert report.many_static(head, rs).splitlines()[2:] == [
+      "| static batches of 2 (`generate`, two calls) | 4.0 | 25.0 |",
+      "| `generate_many`, 2 slots | 2.0 | 50.0 (2.00x) |"]
+  many["tokens_per_s"]["generate_many"] = 51.0
+  with pytest.raises(ValueError, match="generate_many: tokens_per_s is 51.0 in the file, 50.0"):
+    legacy.many(many, "old.json")
+
+  cc = {"batch": 2, "new_tokens": 4, "layers": [1, 2], "prompt_tokens": 10,
+        "times_s": {"plain": [1.0, 2.0, 3.0], "capture": [2.0, 2.5, 3.0],
+                    "prefill": [1.0, 1.0, 1.0]},
+        "median_s": {"plain": 2.0, "capture": 2.5, "prefill": 1.0},
+        "answer_tokens_per_s": {"plain": 4.0, "capture": 3.2}, "capture_over_plain": 1.25,
+        "plain_plus_prefill_over_capture": 1.2, "backend": "cpu", "cpus": 2}
+  head, rs = legacy.capture_cost(cc, "old.json")
+  assert [r.tokens for r in rs] == [8, 8, 0] and rs[1].method == "plain@features=1,2"
+  cc["capture_over_plain"] = 1.3
+  with pytest.raises(ValueError, match="capture_over_plain is 1.3 in the file, 1.25"):
+    legacy.capture_cost(cc, "old.json")

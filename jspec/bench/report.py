@@ -155,10 +155,212 @@ def serve_load(header: dict, recs) -> str:
   return S.table(S.runs_of(header, recs))
 
 
+# ----------------------------------------------------------------------------- converted studies
+# The tables of studies read from earlier reports (`jspec.bench.legacy`), in the pages' own
+# forms.
+
+CHAT_KINDS = {"restate": "restating given text or code", "explain": "explaining given code",
+              "question": "free questions"}
+
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
+          8: "eight", 9: "nine", 10: "ten"}
+
+
+def method_label(spec: str) -> str:
+  """A method's spec as the docs' tables name it ("ngram@k=4" -> "n-gram K = 4",
+  "eagle3@tree=16,5,4" -> "EAGLE-3 dynamic tree, 16 nodes")."""
+  name, _, opt = spec.partition("@")
+  base = {"ngram": "n-gram", "eagle3": "EAGLE-3", "draft": "draft model"}.get(name, name)
+  if opt == "k=auto":
+    return f'{base}, `"auto"`'
+  if opt.startswith("k="):
+    return f"{base} K = {opt[2:]}"
+  if opt.startswith("tree="):
+    return f"{base} dynamic tree, {opt[5:].split(',')[0]} nodes"
+  return base
+
+
+def _in(recs, **where):
+  return M.select(recs, **where)
+
+
+def _tight(table: str) -> str:
+  """A markdown table with its empty cells written "| |", as the pages write them."""
+  return re.sub(r"\|  (?=\|)", "| ", table)
+
+
+def real_ngram_transformers(header: dict, recs) -> str:
+  """README's results: per chat kind, jspec's and transformers' greedy tokens/s, and n-gram
+  at K, n-gram "auto" and transformers' prompt lookup over their own library's greedy
+  (`jspec bench --target smollm2 --sections ngram`, docs/bench/ngram_auto_smollm2.jsonl)."""
+  k = header["settings"]["k"]
+  out = [["prompts", "jspec greedy", "transformers greedy", f"jspec n-gram K = {k}",
+          'jspec n-gram `"auto"`', "transformers prompt lookup"]]
+  for kind, mine in M.group(recs, "kind").items():
+    of = lambda method: _in(mine, method=method)
+    out.append([CHAT_KINDS.get(kind, kind), f"{M.tokens_per_s(of('plain')):.1f} tok/s",
+                f"{M.tokens_per_s(of('transformers')):.1f} tok/s",
+                f"{M.speedup(of('plain'), of(f'ngram@k={k}')):.2f}x",
+                f"{M.speedup(of('plain'), of('ngram@k=auto')):.2f}x",
+                f"{M.speedup(of('transformers'), of(f'transformers-prompt-lookup@k={k}')):.2f}x"])
+  return markdown(out)
+
+
+def heads_real_sets(header: dict, recs) -> str:
+  """`bench_heads_real`'s table: per prompt set and method, tau, speedup over plain (sums
+  of per-call medians) and inter-token latency p50 / p99 as the report pooled it."""
+  out = [["set", "method", "tau", "speedup", "inter-token p50 / p99, ms"]]
+  for name, mine in M.group(recs, "set").items():
+    base = _in(mine, method=PLAIN)
+    for i, (method, part) in enumerate(
+        (m, p) for m, p in M.group(mine, "method").items() if m != PLAIN):
+      itl = part[0].extra["itl_ms"]
+      out.append([name if i == 0 else "", method_label(method), f"{M.tau(part):.2f}",
+                  f"{M.speedup(base, part):.2f}x", f"{itl['p50']:.1f} / {itl['p99']:.1f}"])
+  return _tight(markdown(out))
+
+
+def assisted_tokens_per_s(header: dict, recs) -> str:
+  """`bench_assisted`'s table: tokens/s per chat kind and over all of them, each
+  speculative variant over its own library's greedy in brackets."""
+  k = header["settings"]["k"]
+  cols = [("plain", None), (f"draft@k={k}", "plain"), ("draft@k=auto", "plain"),
+          ("transformers", None), (f"transformers-assisted@k={k}", "transformers"),
+          (f"transformers-assisted@k={k}+confidence", "transformers")]
+  out = [["set", "jspec greedy", f"jspec draft K = {k}", 'jspec draft `"auto"`',
+          "transformers greedy", f"assisted K = {k}", "assisted, confidence stop"]]
+  for kind, mine in list(M.group(recs, "kind").items()) + [("all", list(recs))]:
+    line = [kind]
+    for method, base in cols:
+      part = _in(mine, method=method)
+      cell = f"{M.tokens_per_s(part):.1f}"
+      if base is not None:
+        cell += f" ({M.speedup(_in(mine, method=base), part):.2f}x)"
+      line.append(cell)
+    out.append(line)
+  return markdown(out)
+
+
+def eagle_trees_shapes(header: dict, recs) -> str:
+  """benchmarks/eagle_trees_smollm2.py's table: per shape, verify width, head passes a
+  round, tau (3 places) and acceptance by draft position."""
+  out = [["shape", "verify tokens", "head passes a round", "tau",
+          "acceptance by draft position"]]
+  for r in recs:
+    out.append([r.extra["label"], str(r.axes["verify_tokens"]),
+                str(r.extra["head_passes_per_round"]), f"{M.tau([r]):.3f}",
+                acceptance([r], [])])
+  return markdown(out)
+
+
+def _suite_rows(header, recs, labels, costs_list):
+  ks = {name: m["k"] for name, m in header["methods"].items()}
+  rows = []
+  for method, label in labels.items():
+    mine = [r for r in _greedy(recs) if r.method == method]
+    base = base_of(recs, mine)
+    predicted = [predicted_accelerator(c, ks)(mine, base) for c in costs_list]
+    rows.append([label, f"{M.tau(mine):.2f}", f"{M.speedup(base, mine):.2f}x",
+                 " / ".join(predicted)])
+  return rows
+
+
+def spec_bench_heads(labels: dict) -> Callable:
+  """A table of trained drafters on Spec-Bench prompts (docs/training.md): per method (in
+  `labels`' order, as named there), tau, the speedup measured here and the one predicted
+  where a verify costs one step."""
+  def table(header: dict, recs) -> str:
+    return markdown([["method", "tau", "measured here",
+                      "predicted where a verify costs one step"]]
+                    + _suite_rows(header, recs, labels, [header["costs"]]))
+  return table
+
+
+def spec_bench_heads_against(labels: dict) -> Callable:
+  """As `spec_bench_heads` for the first of two files, its predicted speedup priced with
+  its own run's costs and with the second file's (`a_{x,y}.jsonl`, the records told apart
+  by their study)."""
+  def table(header: dict, recs) -> str:
+    mine, other = header["files"]
+    recs = [r for r in recs if r.study == mine["study"]]
+    return markdown([["method", "tau", "measured here",
+                      "predicted where a verify costs one step (this run's costs / the run "
+                      "above's)"]]
+                    + _suite_rows(mine, recs, labels, [mine["costs"], other["costs"]]))
+  return table
+
+
+def capacity_cache(header: dict, recs) -> str:
+  """benchmarks/continuous_batching.py capacity: per cache length, the median seconds (and
+  range) of each number of new tokens, and the largest cache's medians over the first's."""
+  news = list(M.group(recs, "new_tokens"))
+  caches = list(M.group(recs, "cache_length"))
+  out = [["cache slots"] + [f"{n} new tokens: median s (range)" for n in news]]
+  for S in caches:
+    line = [f"{S:,}"]
+    for n in news:
+      r = _in(recs, cache_length=S, new_tokens=n)
+      line.append(f"{M.seconds(r):.2f} ({min(r[0].seconds):.2f}-{max(r[0].seconds):.2f})")
+    out.append(line)
+  at = lambda S, n: _in(recs, cache_length=S, new_tokens=n)
+  out.append([f"{caches[-1]:,} / {caches[0]:,}"] + [
+      f"{M.ratio_of_medians(at(caches[-1], n), at(caches[0], n)):.2f}x" for n in news])
+  return markdown(out)
+
+
+def _many_label(header, method):
+  slots, requests = header["settings"]["slots"], header["settings"]["requests"]
+  calls = -(-requests // slots)
+  return {"generate": f"static batches of {slots} (`generate`, {_WORDS.get(calls, calls)} "
+                      "calls)",
+          "generate_many": f"`generate_many`, {slots} slots",
+          "vllm": f"vLLM, `max_num_seqs={slots}`"}.get(method, method)
+
+
+def many_static(header: dict, recs) -> str:
+  """benchmarks/continuous_batching.py many: static batches against `generate_many`,
+  median seconds and tokens/s (the ratio of medians in brackets)."""
+  static, many_ = _in(recs, method="generate"), _in(recs, method="generate_many")
+  rows = [["", "s (median)", "tok/s"],
+          [_many_label(header, "generate"), f"{M.seconds(static):.1f}",
+           f"{M.tokens_per_s(static):.1f}"],
+          [_many_label(header, "generate_many"), f"{M.seconds(many_):.1f}",
+           f"{M.tokens_per_s(many_):.1f} ({M.ratio_of_medians(static, many_):.2f}x)"]]
+  return _tight(markdown(rows))
+
+
+def many_vllm(header: dict, recs) -> str:
+  """benchmarks/continuous_batching.py many with vLLM: each repeat's seconds, the median
+  tokens/s, and generate_many's over vLLM's (ratio of medians)."""
+  many_, vllm = _in(recs, method="generate_many"), _in(recs, method="vllm")
+  rows = [["", f"s per repeat ({_WORDS.get(len(many_[0].seconds))})", "tok/s (median)"]]
+  for part in (many_, vllm):
+    rows.append([_many_label(header, part[0].method),
+                 ", ".join(f"{t:.1f}" for t in part[0].seconds),
+                 f"{M.tokens_per_s(part):.1f}"])
+  rows.append(["`generate_many` / vLLM", "",
+               f"**{M.tokens_per_s(many_) / M.tokens_per_s(vllm):.2f}x**"])
+  return _tight(markdown(rows))
+
+
 TABLES: dict[str, Callable] = {
     "spec-bench.speedup": spec_bench_speedup,
     "spec-bench.predicted": spec_bench_predicted,
     "serve.load": serve_load,
+    "real-ngram.transformers": real_ngram_transformers,
+    "heads-real.sets": heads_real_sets,
+    "assisted.tokens-per-s": assisted_tokens_per_s,
+    "eagle-trees.shapes": eagle_trees_shapes,
+    "spec-bench.heads-385k": spec_bench_heads({
+        "draft": "draft model (shipped), K = 4", "eagle3": "EAGLE-3 (shipped), K = 4",
+        "eagle3-tree": "EAGLE-3 (shipped), dynamic tree 32 nodes, depth 4, top-8",
+        "dflash": "DFlash (385k point), K = 4"}),
+    "spec-bench.heads-1.13m": spec_bench_heads_against({
+        "draft": "draft model (shipped), K = 4", "eagle3": "EAGLE-3 (1.13M head), K = 4",
+        "eagle3-tree": "EAGLE-3 (1.13M head), dynamic tree 32 nodes, depth 4, top-8"}),
+    "capacity.cache": capacity_cache,
+    "many.static": many_static,
+    "many.vllm": many_vllm,
 }
 
 MARKER = re.compile(r"<!-- table (\S+) (\S+) -->\n(.*?)\n<!-- /table -->", re.S)
