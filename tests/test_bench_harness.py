@@ -459,3 +459,12 @@ def test_legacy_capacity_many_and_capture_cost_keep_their_medians():
   cc["capture_over_plain"] = 1.3
   with pytest.raises(ValueError, match="capture_over_plain is 1.3 in the file, 1.25"):
     legacy.capture_cost(cc, "old.json")
+
+
+def test_accept_hist_is_rebuilt_from_calls_and_acceptance_by_position():
+  # 10 rounds accepted none, 5 one, 3 two, 2 all three: position i accepted by rounds with
+  # m > i, judged by those with m >= i (DecodeStats' counters).
+  one = rec(calls=20, judged=(20, 10, 5), accepted=(10, 5, 2))
+  assert M.accept_hist([one], 3) == [10, 5, 3, 2]
+  two = rec(calls=4, judged=(4,), accepted=(1,))  # a narrower record: zeros past its width
+  assert M.accept_hist([one, two], 3) == [13, 6, 3, 2]

@@ -61,6 +61,18 @@ def acceptance(records) -> list[float]:
   return [a / j if j else float("nan") for a, j in zip(accepted, judged)]
 
 
+def accept_hist(records, k: int) -> list[int]:
+  """[k+1] rounds by accepted count m, from calls and acceptance by position: a round that
+  accepted m drafts was counted at positions 0..m-1, so hist[m] = accepted[m-1] -
+  accepted[m] and hist[0] = calls - accepted[0] (linear: summed records give summed
+  histograms). Positions past a record's own width count zero."""
+  rs = _list(records)
+  _, acc = _positions(rs)
+  acc = (acc + [0] * (k + 1))[:k] + [0]
+  calls = sum(r.calls for r in rs)
+  return [calls - acc[0]] + [acc[i] - acc[i + 1] for i in range(k)]
+
+
 def alpha(records) -> float:
   """Accepted drafts over judged drafts, all positions (NaN where none was judged)."""
   judged, accepted = _positions(_list(records))

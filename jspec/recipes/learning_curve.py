@@ -140,41 +140,28 @@ def batched_acceptance(target, drafter, prompts: list[list[int]], k: int,
                        new_tokens: int, tree=None) -> dict:
   """Greedy K = k chains (or rounds of `tree`, a `jspec.Tree` or `jspec.DynamicTree`; k is
   then its depth) over all `prompts` in one ragged batch, and plain greedy decoding of the
-  same batch: tau (answer tokens over target calls, summed over rows), acceptance per draft
-  position, and whether every answer equals plain greedy's.
+  same batch, through the harness's runner: tau (answer tokens over target calls, summed
+  over rows), acceptance per draft position, and whether every answer equals plain greedy's.
 
   Greedy rows do not interact and a row's calls count only the rounds it was active in, so
   the figures are batch 1's; one batch is what makes a few dozen answers per point
   affordable on a CPU shared with training."""
-  import jspec
-  from jspec.planner.inputs import cache_bucket, prompt_bucket
+  from jspec.bench import metrics as M
+  from jspec.bench import runner, workloads
+  from jspec.bench.methods import Built
 
-  B = len(prompts)
-  P = prompt_bucket(max(len(p) for p in prompts))
-  S = cache_bucket(P + new_tokens + (k + 1 if tree is None else tree.num_nodes))
-  tokens = np.zeros((B, P), np.int32)
-  for b, p in enumerate(prompts):
-    tokens[b, :len(p)] = p
-  kw = dict(prompt_lengths=[len(p) for p in prompts], max_new_tokens=new_tokens,
-            cache_length=S)
-  plain = jspec.generate(target, tokens, **kw)
   if tree is not None:
     k = tree.max_depth
-  shape = dict(num_draft_tokens=k) if tree is None else dict(tree=tree)
-  spec = jspec.speculative_generate(target, drafter, tokens, **shape, **kw)
-  lengths, ref_lengths = np.asarray(spec.lengths), np.asarray(plain.lengths)
-  out, ref = np.asarray(spec.tokens), np.asarray(plain.tokens)
-  equal = bool(np.array_equal(lengths, ref_lengths)) and all(
-      np.array_equal(out[b, :lengths[b]], ref[b, :lengths[b]]) for b in range(B))
-  hist = np.asarray(spec.stats.accept_hist).reshape(-1, k + 1).sum(0)
-  reached = hist[::-1].cumsum()[::-1]  # rounds that accepted >= i drafts
-  calls = int(np.asarray(spec.stats.target_calls).sum())
-  return {"k": k, "tau": round(int(lengths.sum()) / max(calls, 1), 4),
-          "accept_hist": hist.tolist(),
-          "accept_per_position": [round(float(reached[i + 1] / reached[i]), 4) if reached[i]
-                                  else None for i in range(k)],
-          "greedy_equal": equal, "prompts": B, "new_tokens": new_tokens,
-          "answer_tokens": int(lengths.sum()), "target_calls": calls}
+  spec = runner.Variant("speculative", Built(drafter, k, f"K = {k}", tree=tree), axes={"k": k})
+  ran = runner.run(target, [runner.plain(), spec], workloads.from_ids("held-out", prompts),
+                   runner.Settings(max_new_tokens=new_tokens, repeats=1, batch=len(prompts),
+                                   progress=False), "learning-curve")
+  mine = M.select(ran.records, method="speculative")
+  return {"k": k, "tau": round(M.tau(mine), 4), "accept_hist": M.accept_hist(mine, k),
+          "accept_per_position": [None if a != a else round(a, 4) for a in M.acceptance(mine)],
+          "greedy_equal": bool(M.all_equal(mine)), "prompts": len(prompts),
+          "new_tokens": new_tokens, "answer_tokens": sum(r.tokens for r in mine),
+          "target_calls": sum(r.calls for r in mine)}
 
 
 def conversation_tau(folder: str, target, prompts: list[list[int]], key: dict,

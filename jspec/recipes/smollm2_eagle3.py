@@ -277,41 +277,25 @@ def heldout_metrics(eagle, final_norm, data, rows, steps, chunk: int = 8) -> dic
 def chat_acceptance(target, drafter, prompts: list[list[int]], k: int, new_tokens: int,
                     repeats: int = 1) -> dict:
   """Batch 1, greedy, K = k chain over each prompt: tau, acceptance per draft position,
-  outputs equal to plain greedy, and wall times of both (interleaved, after warm-up)."""
-  from jspec.tools.demo import batch1_runs
+  outputs equal to plain greedy, and wall times of both: through the harness's runner
+  (compiled outside timing, interleaved), every figure from its records."""
+  from jspec.bench import metrics as M
+  from jspec.bench import runner, workloads
+  from jspec.bench.methods import Built
 
-  run, _ = batch1_runs(target, drafter, prompts, k, new_tokens)
-  for fn in run.values():
-    np.asarray(fn(0, 1).tokens)  # compile
-  hist = np.zeros((k + 1,), np.int64)
-  emitted = calls = 0
-  equal = True
-  times = {name: [] for name in run}
-  for _ in range(repeats):
-    for b in range(len(prompts)):
-      outs = {}
-      for name, fn in run.items():
-        t0 = time.perf_counter()
-        out = fn(b, new_tokens)
-        np.asarray(out.tokens)
-        times[name].append(time.perf_counter() - t0)
-        outs[name] = out
-      n = int(np.asarray(outs["baseline"].lengths)[0])
-      equal &= bool(np.array_equal(np.asarray(outs["baseline"].tokens)[0, :n],
-                                   np.asarray(outs["speculative"].tokens)[0, :n]))
-      hist += np.asarray(outs["speculative"].stats.accept_hist).reshape(-1, k + 1).sum(0)
-      emitted += int(np.asarray(outs["speculative"].lengths)[0])
-      calls += int(np.asarray(outs["speculative"].stats.target_calls).sum())
-  # P(draft i accepted | drafts before it accepted): per-position acceptance.
-  reached = hist[::-1].cumsum()[::-1]  # rounds that accepted >= i drafts
-  per_position = [round(float(reached[i + 1] / reached[i]), 4) if reached[i] else None
-                  for i in range(k)]
-  total = {n: float(np.sum(t)) for n, t in times.items()}
-  return {"k": k, "tau": round(emitted / max(calls, 1), 4), "accept_hist": hist.tolist(),
-          "accept_per_position": per_position, "greedy_equal": equal,
+  spec = runner.Variant("speculative", Built(drafter, k, f"K = {k}"), axes={"k": k})
+  ran = runner.run(target, [runner.plain(), spec], workloads.from_ids("chat", prompts),
+                   runner.Settings(max_new_tokens=new_tokens, repeats=repeats, progress=False),
+                   "chat-acceptance")
+  mine, base = M.select(ran.records, method="speculative"), M.select(ran.records,
+                                                                     method=runner.PLAIN)
+  total = {"baseline": sum(M.repeat_seconds(base)), "speculative": sum(M.repeat_seconds(mine))}
+  return {"k": k, "tau": round(M.tau(mine), 4), "accept_hist": M.accept_hist(mine, k),
+          "accept_per_position": [None if a != a else round(a, 4) for a in M.acceptance(mine)],
+          "greedy_equal": bool(M.all_equal(mine)),
           "prompts": len(prompts), "new_tokens": new_tokens, "repeats": repeats,
           "seconds": {n: round(v, 2) for n, v in total.items()},
-          "speedup": round(total["baseline"] / total["speculative"], 3)}
+          "speedup": round(M.speedup(base, mine), 3)}
 
 
 def chat_heldout(target, drafter, per_kind: int, new_tokens: int, k: int = 4) -> dict:

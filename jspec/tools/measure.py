@@ -102,7 +102,7 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
   for k in ks:
     mine = M.select(recs, method=name(k))
     per_row = [r for rec in mine for r in record_rows(rec)]
-    hist = np.sum([_hist(r, k) for r in per_row], axis=0)
+    hist = np.asarray(M.accept_hist(mine, k), np.int64)
     rates = acceptance_rates(hist, sum(r.tokens for r in mine), sum(r.calls for r in mine))
     t_verify = costs.call_time(target, B, verify_width(drafter, k), S, prefix=prefix)
     # A branch drafter (lookahead) drafts by lookups; its work is the verify's extra rows.
@@ -128,16 +128,11 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
   }
 
 
-def _hist(r, k: int) -> np.ndarray:
-  """[k+1] rounds by accepted count of one row, from its acceptance by position (a round
-  that accepted m drafts is counted at positions 0..m-1)."""
-  acc = list(r.accepted[:k]) + [0] * (k - len(r.accepted[:k])) + [0]
-  return np.array([r.calls - acc[0]] + [acc[i] - acc[i + 1] for i in range(k)], np.int64)
-
-
 def _one(r, k: int) -> dict:
   """A row's tau, accepted-count histogram and acceptance by position (NaN: never judged)."""
-  return {"tau": r.tokens / max(r.calls, 1), "accept_hist": _hist(r, k).tolist(),
+  from jspec.bench.metrics import accept_hist
+
+  return {"tau": r.tokens / max(r.calls, 1), "accept_hist": accept_hist([r], k),
           "position_acceptance": [a / j if j else float("nan")
                                   for a, j in zip(r.accepted, r.judged)]}
 
