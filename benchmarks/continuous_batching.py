@@ -20,8 +20,10 @@ many       N requests with long-tailed answer lengths, new tokens drawn as
            `--vllm-cores` its OpenMP threads), its repeats interleaved with jspec's; its
            tokens are compared with jspec's (agreement, not required: two numerics).
 
-Each measurement is compiled first, then timed as repeats interleaved in alternating
-order; medians are printed, and `--json` writes them with the machine.
+Each measurement runs once untimed (compiling it), then as repeats interleaved in
+alternating order (`jspec.bench.runner.interleave`); tables come from the records
+(`jspec.bench.report`: "capacity.cache", "many.static", "many.vllm"), and `--json` writes the
+records under a header naming the machine and versions (`jspec.bench.records`).
 """
 
 from __future__ import annotations
@@ -29,17 +31,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import tempfile
-import time
 
 import numpy as np
 
 import jspec
-from jspec.bench import targets
-from jspec.tools.demo import chat_prompts
+from jspec.bench import metrics as M
+from jspec.bench import records as R
+from jspec.bench import report, runner, targets
+from jspec.bench.workloads import chat_prompts
 
 
 def _model():
@@ -58,20 +59,15 @@ def _prompts(model):
 
 
 def _interleaved(runs: dict, repeats: int) -> dict:
-  """{name: [seconds per repeat]}: each run once untimed, then repeats in alternating order."""
+  """{name: [seconds per repeat]}: each run once untimed (compiling it), then the harness's
+  interleaved repeats. A run returns nothing to wait on: it waits itself."""
   for run in runs.values():
     run()
-  times = {name: [] for name in runs}
-  names = list(runs)
-  for r in range(repeats):
-    for name in (names if r % 2 == 0 else names[::-1]):
-      t = time.perf_counter()
-      runs[name]()
-      times[name].append(time.perf_counter() - t)
+  _, times = runner.interleave(runs, repeats, wait=lambda out: None)
   return times
 
 
-def capacity(args) -> dict:
+def capacity(args) -> tuple[dict, list]:
   model = _model()
   prompts = [p[:40] for p in _prompts(model)]
   prompts = [prompts[i % len(prompts)] for i in range(args.batch)]
@@ -85,27 +81,25 @@ def capacity(args) -> dict:
 
   runs = {(S, new): run(S, new) for S in caches for new in (48, 144)}
   times = _interleaved(runs, args.repeats)
-  med = {k: statistics.median(v) for k, v in times.items()}
-  rows = []
+  B = args.batch
+  recs = [R.Record(study="capacity", method="plain", workload="capacity", prompt=f"{B} rows",
+                   axes={"batch": B, "cache_length": S, "new_tokens": new, "temperature": 0.0},
+                   tokens=B * new, seconds=tuple(times[(S, new)]))
+          for S in caches for new in (48, 144)]
+  head = R.header("capacity", {"batch": B, "repeats": args.repeats, "prompt_tokens": 40,
+                               "eos": None, "temperature": 0.0},
+                  cells="a record per cache length and new tokens: one `generate` call of the "
+                        "whole batch, 40-token prompts, EOS ignored; target calls not recorded")
+  print(f"batch {B}, 40-token prompts, greedy, EOS ignored; medians of {args.repeats}")
+  print(report.capacity_cache(head, recs))
   for S in caches:
-    per_round = (med[(S, 144)] - med[(S, 48)]) / 96
-    rows.append(dict(cache_length=S, seconds_48=med[(S, 48)],
-                     tokens_per_s_48=args.batch * 48 / med[(S, 48)],
-                     round_ms=1000 * per_round))
-  base = rows[0]
-  print(f"batch {args.batch}, 40-token prompts, greedy, EOS ignored; medians of {args.repeats}")
-  print("| cache | 48 new tokens: s | tok/s | x the first | per round (144 - 48 tokens) ms |"
-        " x the first |")
-  print("|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['cache_length']} | {r['seconds_48']:.2f} | {r['tokens_per_s_48']:.1f} | "
-          f"{r['seconds_48'] / base['seconds_48']:.2f} | {r['round_ms']:.1f} | "
-          f"{r['round_ms'] / base['round_ms']:.2f} |")
-  return dict(study="capacity", batch=args.batch, repeats=args.repeats, rows=rows,
-              times={f"{k[0]}/{k[1]}": v for k, v in times.items()})
+    at = {r.axes["new_tokens"]: r for r in recs if r.axes["cache_length"] == S}
+    print(f"cache {S}: per round (144 - 48 tokens) "
+          f"{1000 * (M.seconds([at[144]]) - M.seconds([at[48]])) / 96:.1f} ms")
+  return head, recs
 
 
-def many(args) -> dict:
+def many(args) -> tuple[dict, list]:
   model = _model()
   pool = _prompts(model)
   rng = np.random.default_rng(args.seed)
@@ -161,23 +155,35 @@ def many(args) -> dict:
     agreement = float(np.mean([list(outputs["many"][i, :news[i]]) == outputs["vllm"][i]
                                for i in range(N)]))
   total = sum(news)
-  med = {k: statistics.median(v) for k, v in times.items()}
+  methods = {"generate_many": "generate_many", "static batches": "generate"}
+  recs = [R.Record(study="many", method=methods.get(name, "vllm" + (
+                       f"@ngram={args.vllm_ngram}" if args.vllm_ngram else "")),
+                   workload="many", prompt=f"requests 0-{N - 1}",
+                   axes={"slots": B, "requests": N, "temperature": 0.0}, tokens=total,
+                   seconds=tuple(t), equal=None if name.startswith("vllm") else equal,
+                   extra={"label": name})
+          for name, t in times.items()]
+  head = R.header("many", {"requests": N, "slots": B, "repeats": args.repeats,
+                           "new_tokens": total, "eos": None, "temperature": 0.0,
+                           "seed": args.seed, "new": args.new or None},
+                  equal=equal, vllm_agreement=agreement,
+                  vllm=None if worker is None else dict(cores=args.vllm_cores,
+                                                        ngram=args.vllm_ngram),
+                  cells="a record per way of serving: every request in one run, new tokens "
+                        "summed; equal: generate_many's tokens equal static batches' for "
+                        "every request (vllm_agreement: the share of requests whose tokens "
+                        "equal vLLM's); target calls not recorded")
   print(f"{N} requests, {B} slots, {total} new tokens (median {np.median(news):.0f}, "
         f"max {max(news)}), greedy, EOS ignored; medians of {args.repeats}; "
         f"generate_many equal to static batches: {equal}; requests equal to vLLM's: "
         f"{agreement}")
-  print("| | s | tok/s |")
-  print("|---|---|---|")
-  for k, v in med.items():
-    print(f"| {k} | {v:.1f} | {total / v:.1f} |")
-  for k in med:
-    if k != "generate_many" and "generate_many" in med:
-      print(f"generate_many / {k}: {med[k] / med['generate_many']:.2f}x")
-  return dict(study="many", requests=N, slots=B, new_tokens=total, repeats=args.repeats,
-              equal=equal, vllm_agreement=agreement, seconds=med,
-              tokens_per_s={k: total / v for k, v in med.items()}, times=times,
-              vllm=None if worker is None else dict(cores=args.vllm_cores,
-                                                    ngram=args.vllm_ngram))
+  print(report.markdown([["", "s (median)", "tok/s"]] + [
+      [r.extra["label"], f"{M.seconds([r]):.1f}", f"{M.tokens_per_s([r]):.1f}"] for r in recs]))
+  mine = M.select(recs, method="generate_many")
+  for r in recs:
+    if mine and r is not mine[0]:
+      print(f"generate_many / {r.extra['label']}: {M.speedup([r], mine):.2f}x (paired)")
+  return head, recs
 
 
 def _vllm_worker(args, prompts, news):
@@ -220,14 +226,12 @@ def main(argv=None):
   parser.add_argument("--vllm-ngram", type=int, default=0, help="vLLM's n-gram K (0: none)")
   parser.add_argument("--vllm-cores", default="0-1",
                       help="VLLM_CPU_OMP_THREADS_BIND: the cores of vLLM's compute threads")
-  parser.add_argument("--json", default=None, help="write the medians and every repeat here")
+  parser.add_argument("--json", default=None,
+                      help="write the records (JSON lines under a header) here")
   args = parser.parse_args(argv)
-  record = (capacity if args.study == "capacity" else many)(args)
+  head, recs = (capacity if args.study == "capacity" else many)(args)
   if args.json:
-    record["machine"] = dict(platform=platform.platform(), processor=platform.processor(),
-                             jax=__import__("jax").__version__)
-    with open(args.json, "w") as f:
-      json.dump(record, f, indent=1)
+    R.write(args.json, head, recs)
 
 
 if __name__ == "__main__":
