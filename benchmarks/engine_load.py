@@ -12,22 +12,25 @@ one rate to the next. Per method and rate: output tokens/s over the run (first a
 to last answer), p50 / p99 time to first token and time per output token (after the
 first), the batch sizes the engine ran at, and for speculation tau (tokens per target
 call) and the rounds at each K. Greedy, EOS ignored: every method's answers are checked
-equal.
+equal. Every request is a record of the harness (`jspec.bench.records`: axes rate and
+arrival index, extra its send time and each token's arrival, seconds from the run's start);
+the figures are functions of those records (`jspec.bench.metrics`), and `--json` writes them
+under a header holding each run's batches and rounds by K.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import dataclasses
 import threading
 import time
 
 import numpy as np
 
 import jspec
-from jspec.bench import targets
-from jspec.tools.demo import chat_prompts
+from jspec.bench import metrics as M
+from jspec.bench import records as R
+from jspec.bench import targets, workloads
 
 METHODS = ("plain", "ngram4", "auto")
 
@@ -40,8 +43,9 @@ def _engine(model, method, slots, cache_length):
                       cache_length=cache_length)
 
 
-def _serve(engine, prompts, arrivals, max_new):
-  """Submit prompts[i] at arrivals[i] seconds from now; wait for every answer."""
+def _serve(engine, prompts, arrivals, max_new, **fields):
+  """Submit prompts[i] = (id, token ids) at arrivals[i] seconds from now; wait for every
+  answer. Returns (a record per request, the run's batches and rounds by K, the answers)."""
   handles = [None] * len(prompts)
   t0 = time.perf_counter()
 
@@ -50,7 +54,7 @@ def _serve(engine, prompts, arrivals, max_new):
       delay = t0 + at - time.perf_counter()
       if delay > 0:
         time.sleep(delay)
-      handles[i] = engine.submit(p, max_new_tokens=max_new)
+      handles[i] = engine.submit(p[1], max_new_tokens=max_new)
 
   runs_before = dict(engine.runs_by_batch)
   k_before = dict(engine.rounds_by_k)
@@ -58,19 +62,30 @@ def _serve(engine, prompts, arrivals, max_new):
   feeder.start()
   feeder.join()
   outs = [h.result(timeout=3600) for h in handles]
-  end = max(o.submitted + o.token_times[-1] for o in outs)
-  tokens = sum(len(o.tokens) for o in outs)
-  ttft = [o.time_to_first_token for o in outs]
-  tpot = [(o.token_times[-1] - o.token_times[0]) / (len(o.tokens) - 1) for o in outs
-          if len(o.tokens) > 1]
+  recs, axes = [], fields.pop("axes", {})
+  for i, ((pid, _), o) in enumerate(zip(prompts, outs)):
+    sent = o.submitted - t0
+    times = [sent + t for t in o.token_times]
+    recs.append(R.Record(study="engine-load", prompt=pid, axes=dict(axes, index=i),
+                         tokens=len(o.tokens), calls=o.target_calls,
+                         seconds=(times[-1] - sent,),
+                         extra={"sent": sent, "end": times[-1], "chunk_times": times},
+                         **fields))
   batches = {b: n - runs_before.get(b, 0) for b, n in engine.runs_by_batch.items()
              if n - runs_before.get(b, 0)}
   by_k = {k: n - k_before.get(k, 0) for k, n in engine.rounds_by_k.items()}
-  return dict(tokens_per_s=tokens / (end - t0), seconds=end - t0, tokens=tokens,
-              ttft_p50=float(np.percentile(ttft, 50)), ttft_p99=float(np.percentile(ttft, 99)),
-              tpot_p50=float(np.percentile(tpot, 50)), tpot_p99=float(np.percentile(tpot, 99)),
-              tau=tokens / max(sum(o.target_calls for o in outs), 1),
-              runs_by_batch=batches, rounds_by_k=by_k), [o.tokens for o in outs]
+  return recs, dict(runs_by_batch=batches, rounds_by_k=by_k), [o.tokens for o in outs]
+
+
+def summary(recs) -> dict:
+  """One run's figures from its request records: output tokens/s from the first arrival to
+  the last answer, TTFT and TPOT percentiles, tau."""
+  tokens = sum(r.tokens for r in recs)
+  ttft = M.percentiles([M.ttft(r) for r in recs], (50, 99))
+  tpot = M.percentiles([x for x in (M.tpot(r) for r in recs) if x is not None], (50, 99))
+  return dict(tokens_per_s=tokens / M.span(recs), tokens=tokens, ttft_p50=ttft["p50"],
+              ttft_p99=ttft["p99"], tpot_p50=tpot["p50"], tpot_p99=tpot["p99"],
+              tau=M.tau(recs))
 
 
 def main(argv=None):
@@ -91,7 +106,6 @@ def main(argv=None):
     raise SystemExit(str(e)) from None
   model = targets.load(path, dtype=None)
   tok = model.tokenizer
-  kinds = {"restate": ("restate",), "free": ("explain", "question")}
   methods = args.methods.split(",")
   engines = {}
   for m in methods:
@@ -99,48 +113,57 @@ def main(argv=None):
     engines[m] = _engine(model, m, args.slots, args.cache_length)
     engines[m].warmup(prompt_buckets=[64, 128])
     print(f"{m}: built and warmed up in {time.perf_counter() - t:.0f} s", flush=True)
-  rows = []
+  recs, runs = [], {}
   rng = np.random.default_rng(args.seed)
   for w in args.workloads.split(","):
-    pool = [tok.apply_chat_template([{"role": "user", "content": p["content"]}],
-                                    add_generation_prompt=True, tokenize=True)
-            for p in chat_prompts() if p["kind"] in kinds[w]]
+    pool = [(p.id, workloads.encode(tok, p.messages))
+            for p in workloads.load("restate" if w == "restate" else "free").prompts]
     prompts = [pool[i % len(pool)] for i in range(args.requests)]
     for r, rate in enumerate(float(x) for x in args.rates.split(",")):
       arrivals = np.cumsum(rng.exponential(1.0 / rate, size=args.requests))
       arrivals -= arrivals[0]
-      answers = {}
+      answers, served = {}, {}
       for m in (methods if r % 2 == 0 else methods[::-1]):
-        result, answers[m] = _serve(engines[m], prompts, arrivals, args.max_new)
-        rows.append(dict(workload=w, rate=rate, method=m, **result))
-        print(f"{w} {rate:g} req/s {m}: {result['tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
-              f"{result['ttft_p50']:.2f}/{result['ttft_p99']:.2f} s, TPOT p50/p99 "
-              f"{1000 * result['tpot_p50']:.0f}/{1000 * result['tpot_p99']:.0f} ms, tau "
-              f"{result['tau']:.2f}, runs by batch {result['runs_by_batch']}, rounds by K "
-              f"{result['rounds_by_k']}", flush=True)
+        served[m], runs[f"{w}/{rate:g}/{m}"], answers[m] = _serve(
+            engines[m], prompts, arrivals, args.max_new, method=m, workload=w,
+            axes={"rate": rate, "temperature": 0.0})
+        res, run = summary(served[m]), runs[f"{w}/{rate:g}/{m}"]
+        print(f"{w} {rate:g} req/s {m}: {res['tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
+              f"{res['ttft_p50']:.2f}/{res['ttft_p99']:.2f} s, TPOT p50/p99 "
+              f"{1000 * res['tpot_p50']:.0f}/{1000 * res['tpot_p99']:.0f} ms, tau "
+              f"{res['tau']:.2f}, runs by batch {run['runs_by_batch']}, rounds by K "
+              f"{run['rounds_by_k']}", flush=True)
       equal = all(answers[m] == answers[methods[0]] for m in methods)
-      rows[-1]["equal"] = equal
+      for m in methods:  # every request's answer against the first method's
+        recs += [dataclasses.replace(rec, equal=None if m == methods[0] else
+                                     answers[m][i] == answers[methods[0]][i])
+                 for i, rec in enumerate(served[m])]
       if not equal:
         print("  answers differ between methods")
   for e in engines.values():
     e.close()
   print()
-  print("| workload | req/s | method | tok/s | x plain | TTFT p50 / p99 s | TPOT p50 / p99 ms | "
-        "tau | rounds by K |")
-  print("|---|---|---|---|---|---|---|---|---|")
-  for row in rows:
-    plain = next((x for x in rows if x["workload"] == row["workload"]
-                  and x["rate"] == row["rate"] and x["method"] == "plain"), None)
-    ratio = row["tokens_per_s"] / plain["tokens_per_s"] if plain else float("nan")
-    print(f"| {row['workload']} | {row['rate']:g} | {row['method']} | "
-          f"{row['tokens_per_s']:.1f} | {ratio:.2f} | {row['ttft_p50']:.2f} / "
-          f"{row['ttft_p99']:.2f} | {1000 * row['tpot_p50']:.0f} / {1000 * row['tpot_p99']:.0f} "
-          f"| {row['tau']:.2f} | {row['rounds_by_k'] or '-'} |")
+  print(table(recs, runs))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(study="engine_load", args=vars(args), rows=rows,
-                     machine=dict(platform=platform.platform(),
-                                  jax=__import__("jax").__version__)), f, indent=1)
+    R.write(args.json, R.header("engine-load", vars(args), runs=runs), recs)
+
+
+def table(recs, runs: dict) -> str:
+  """The load table: per workload, rate and method, from the request records."""
+  from jspec.bench.report import markdown
+
+  rows = [["workload", "req/s", "method", "tok/s", "x plain", "TTFT p50 / p99 s",
+           "TPOT p50 / p99 ms", "tau", "rounds by K"]]
+  for (w, rate, m), mine in M.group(recs, "workload", "rate", "method").items():
+    res = summary(mine)
+    plain = M.select(recs, workload=w, rate=rate, method="plain")
+    ratio = res["tokens_per_s"] / summary(plain)["tokens_per_s"] if plain else float("nan")
+    by_k = runs[f"{w}/{rate:g}/{m}"]["rounds_by_k"]
+    rows.append([w, f"{rate:g}", m, f"{res['tokens_per_s']:.1f}", f"{ratio:.2f}",
+                 f"{res['ttft_p50']:.2f} / {res['ttft_p99']:.2f}",
+                 f"{1000 * res['tpot_p50']:.0f} / {1000 * res['tpot_p99']:.0f}",
+                 f"{res['tau']:.2f}", str(by_k or "-")])
+  return markdown(rows)
 
 
 if __name__ == "__main__":
