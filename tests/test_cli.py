@@ -236,12 +236,12 @@ def test_measure_chat_puts_prompts_through_the_template(tiny_gguf, tmp_path, mon
 
 
 def test_bench_chat_puts_prompts_through_the_template(tiny_gguf, tmp_path, monkeypatch):
-  from jspec.tools import bench_real
+  from jspec.bench import real as bench_real
 
   seen = []
 
-  def stop(path, s, out_dir, sections, prompts=None, target=None, strict=True):
-    seen.append((path, prompts, target.vocab_size))
+  def stop(path, s, out_dir, sections, workload=None, target=None, strict=True):
+    seen.append((path, [list(p.ids) for p in workload.prompts], target.vocab_size))
     raise _Encoded
 
   monkeypatch.setattr(bench_real, "run", stop)
@@ -250,7 +250,7 @@ def test_bench_chat_puts_prompts_through_the_template(tiny_gguf, tmp_path, monke
   with pytest.raises(_Encoded):
     cli.main(["bench", "--target", tiny_gguf, "--prompts", str(prompts), "--chat",
               "--no-transformers", "--out", str(tmp_path / "out")])
-  assert seen == [(tiny_gguf, [("prompts", ids) for ids in _chat_ids(tiny_gguf)], 64)]
+  assert seen == [(tiny_gguf, _chat_ids(tiny_gguf), 64)]
 
 
 @pytest.mark.parametrize("command", ["measure", "bench"])

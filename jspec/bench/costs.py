@@ -1,5 +1,6 @@
 """Measured per-call costs: a target call, a drafter's round, a verify's width; the inputs of
-the speedup model (`jspec.bench.metrics.predicted`).
+the speedup model (`jspec.bench.metrics.predicted`); and the machine's copy bandwidth, which
+with a model's weight bytes gives the floor of a step (`memory_bandwidth`, `weight_bytes`).
 
     ideal speedup = tau * T_step / (T_verify + K * T_draft)
 
@@ -108,3 +109,34 @@ def verify_width(drafter, k: int) -> int:
     return DecodeConfig(num_draft_tokens=drafter.verify_tree(k).max_depth, cache_length=0,
                         tree=drafter.verify_tree(k), side=drafter.side_tree()).block_width
   return k + 1
+
+
+def memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
+  """Bytes per second of a large array copy (bytes read plus bytes written), the fastest of
+  `repeats`, on the device that holds the weights: host memory through NumPy on the CPU, a
+  jitted copy in device memory on an accelerator. A step reads its weights once, so weight
+  bytes over this rate is the floor a step's time approaches (a read-only stream can beat a
+  copy's rate: the copy's writes also cost reads of the lines they fill)."""
+  import numpy as np
+
+  if jax.default_backend() == "cpu":
+    src = np.ones(nbytes // 8, np.float64)
+    dst = np.empty_like(src)
+    copy = lambda: np.copyto(dst, src)
+  else:
+    src = jnp.ones(nbytes // 4, jnp.float32)
+    add = jax.jit(lambda x: x + 1)  # one read, one write; not elided like a plain copy
+    copy = lambda: add(src).block_until_ready()
+    copy()
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    copy()
+    times.append(time.perf_counter() - t0)
+  return 2 * nbytes / min(times)
+
+
+def weight_bytes(model: Model) -> int:
+  """Bytes of a model's parameters as loaded."""
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(model.params)))
+

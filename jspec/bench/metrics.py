@@ -6,6 +6,7 @@
     tokens_per_s(records)           tokens / median over repeats of the summed seconds
     paired_speedup(base, records)   median over repeats of the ratio of summed seconds,
                                     each pair timed in the same repeat
+    steady_seconds(short, long)     seconds per extra token of a long run over a short one
     percentiles(values)             p50 / p90 / p99
     predicted_speedup(...)          tau * T_step / (T_verify + T_draft_round)
     group(records, *axes)           {key: records} by method, workload, or any axis
@@ -128,6 +129,21 @@ def speedup(base, records) -> float:
   `paired_speedup` where both emitted the same tokens, as greedy runs do)."""
   b, x = _list(base), _list(records)
   return paired_speedup(b, x) * sum(r.tokens for r in x) / max(sum(r.tokens for r in b), 1)
+
+
+def steady_seconds(short, long, per: str = "tokens") -> float:
+  """Seconds per extra token (per="calls": per extra target call) of a long run over a short
+  one, the median over repeats of (long's summed seconds - short's) / (the difference in
+  tokens or calls): a run's fixed part (prefill, host work, transfers) cancels, leaving the
+  steady state of the loop. Both sets timed in the same repeats."""
+  s, lg = _list(short), _list(long)
+  extra = sum(getattr(r, per) for r in lg) - sum(getattr(r, per) for r in s)
+  if extra <= 0:
+    raise ValueError(f"steady_seconds: the long run has no more {per} than the short one")
+  a, b = repeat_seconds(s), repeat_seconds(lg)
+  if len(a) != len(b):
+    raise ValueError(f"steady_seconds: {len(a)} repeats against {len(b)}")
+  return statistics.median((y - x) / extra for x, y in zip(a, b))
 
 
 def predicted_steps(records, costs_by_k: dict, k) -> tuple[float | None, float | None]:

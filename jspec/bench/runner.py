@@ -15,7 +15,10 @@ What runs, cell by cell (a cell: `batch` prompts of the workload at one turn):
   exactness every greedy variant's answer is compared token for token with plain
             decoding's on the same prompt (`Record.equal`); a difference is reported at
             once and listed (`Result.mismatches`). A study that runs greedy methods
-            without a "plain" variant compares nothing.
+            without a "plain" variant compares nothing. A variant may name another
+            reference (`Variant.reference`: another library's greedy run) and be compared
+            without being held to it (`exact=False`: `equal` and, where it differs, the
+            first differing token per row in `extra["first_difference"]`, no mismatch).
   turns     a prompt with later turns (MT-Bench) is a conversation: each turn is answered,
             plain decoding's answer appended as the assistant's message, then the next.
   memory    a method `with_memory` (suffix drafting) gets the answers of every earlier
@@ -72,6 +75,8 @@ class Variant:
   built: Any = None  # jspec.bench.methods.Built, or None: plain decoding
   temperature: float = 0.0
   axes: dict = dataclasses.field(default_factory=dict)
+  reference: str | None = PLAIN  # the variant its greedy answers are compared with
+  exact: bool = True  # a difference from the reference is a mismatch (False: recorded only)
 
   @property
   def greedy(self) -> bool:
@@ -231,28 +236,31 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
     where = ",".join(p.id for p in prompts) + (f"/{turn + 1}" if turn else "")
     outs, times = interleave({v: (lambda v=v: calls[v](s.max_new_tokens)) for v in names},
                              s.repeats, on_call=lambda v: bar.set_postfix_str(f"{where}: {v}"))
-    ref = answers(outs[reference]) if reference else None
     cats = {p.group for p in prompts}
     axes = {"batch": len(rows), "turn": turn + 1, "prompt_tokens": int(sum(map(len, rows))),
             "category": cats.pop() if len(cats) == 1 else "mixed"}
     for v in variants:
-      equal = None
-      if ref is not None and v.greedy and v.name != reference:
-        mine = answers(outs[v.name])
-        equal = all(np.array_equal(a, b) for a, b in zip(mine, ref))
+      equal, extra = None, {}
+      if v.greedy and v.reference in by_name and v.name != v.reference:
+        mine, theirs = answers(outs[v.name]), answers(outs[v.reference])
+        equal = all(np.array_equal(a, b) for a, b in zip(mine, theirs))
         if not equal:
-          row = next(i for i, (a, b) in enumerate(zip(mine, ref)) if not np.array_equal(a, b))
-          at = first_difference(mine[row], ref[row])
-          mismatches.append({"prompt": where, "row": row, "method": v.name,
-                             "first_difference": at})
-          print(f"MISMATCH: {v.name} on {where!r} (row {row}) differs from plain greedy at "
-                f"token {at}: greedy speculative decoding must equal it", file=sys.stderr,
-                flush=True)
+          at = [None if np.array_equal(a, b) else first_difference(a, b)
+                for a, b in zip(mine, theirs)]
+          row = next(i for i, x in enumerate(at) if x is not None)
+          if v.exact:
+            mismatches.append({"prompt": where, "row": row, "method": v.name,
+                               "first_difference": at[row]})
+            print(f"MISMATCH: {v.name} on {where!r} (row {row}) differs from {v.reference} "
+                  f"greedy at token {at[row]}: greedy speculative decoding must equal it",
+                  file=sys.stderr, flush=True)
+          else:
+            extra["first_difference"] = at
       recs.append(R.from_output(outs[v.name], study=study, method=v.name,
                                 workload=workload.name, prompt=where,
                                 axes={**axes, "temperature": v.temperature, **v.axes},
                                 seconds=tuple(times[v.name]), equal=equal,
-                                per_row=len(rows) > 1))
+                                per_row=len(rows) > 1, **({"extra": extra} if extra else {})))
     # What the next turn and the memories see: plain greedy's answer (every greedy
     # method's, when equal), else the first variant's.
     said = answers(outs[reference or names[0]])

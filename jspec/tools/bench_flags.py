@@ -1,6 +1,7 @@
 """What XLA CPU's options do to a step and a verify: one fresh process per option set.
 
-    python -m jspec.tools.bench_flags [--target smollm2] [--blocks 1,5,24] [--json out.json]
+    python -m jspec.tools.bench_flags [--target smollm2] [--blocks 1,5,24] [--rounds 1]
+                                      [--json out.jsonl]
     python -m jspec.tools.bench_flags --programs [--target smollm2] [--repeats 5]
 
 A verify of a few tokens costs several one-token steps on a CPU, where reading the
@@ -9,14 +10,21 @@ to other kernels (XNNPACK, YNNPACK, oneDNN) or change its own code generation. E
 option set is read once, when XLA starts, so every set runs in a process of its own:
 it loads the target, compiles a batch-1 cached call on each block size and times
 `calls` calls inside one jitted loop (`jspec.planner.call_times.loop_times`), interleaved
-over `repeats`. Reported per set: ms per call of each block size, each block's cost
-in steps, and whether the logits equal the default set's (a kernel that changes the
-numbers would change greedy answers at near-ties).
+over `repeats`; with `--rounds N` every set runs N times, the sets in turns
+(`jspec.bench.runner.interleave`). Reported per set: ms per call of each block size, each
+block's cost in steps, and how far the logits are from the first set's (`default`, unless
+--sets says otherwise: a kernel that changes the numbers would change greedy answers at
+near-ties).
 
 `--programs` measures the options jspec compiles its own programs with
 (`jspec.core.compilation.CPU_OPTIONS`) instead: greedy decoding of one held-out chat
-prompt of each kind, compiled with and without them, in one process, the two
-interleaved over `repeats`; answers must be identical.
+prompt of each kind, compiled with and without them, in one process, timed by the
+harness's runner (`jspec.bench.runner.run`: interleaved over `repeats`, the answers
+compared token for token: they must be identical).
+
+`--json FILE` writes the records (`jspec.bench.records`, JSON lines under a header): a
+record per option set, block and round (study `xla-flags`), or per variant and prompt
+(study `cpu-options`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import statistics
 import subprocess
 import sys
 
+STUDY = "xla-flags"
 OPTION_SETS = {
     "default": "",
     "xnnpack dots": "--xla_cpu_experimental_xnn_fusion_type=dot",
@@ -39,8 +48,12 @@ OPTION_SETS = {
 }
 
 
+CACHE_LENGTH = 512  # of the timed calls
+
+
 def child(target: str, blocks: list[int], calls: int, repeats: int) -> dict:
-  """Run inside the process whose XLA_FLAGS are set: times and a logits checksum."""
+  """Run inside the process whose XLA_FLAGS are set: seconds per call of each block, one a
+  turn, and a logits checksum."""
   import jax.numpy as jnp
   import numpy as np
 
@@ -48,88 +61,104 @@ def child(target: str, blocks: list[int], calls: int, repeats: int) -> dict:
   from jspec.planner.call_times import loop_times
 
   model = targets.load(target)
-  times = loop_times(model, 1, blocks, 512, calls, repeats)
+  times = loop_times(model, 1, blocks, CACHE_LENGTH, calls, repeats)
   prepared = model.prepared()
   logits, _, _ = prepared.apply(jnp.arange(1, 6, dtype=jnp.int32)[None, :],
                                 prepared.init_cache(1, 64), jnp.zeros((1,), jnp.int32))
-  return {"ms": {str(b): statistics.median(t) * 1e3 for b, t in times.items()},
+  return {"seconds": {str(b): t for b, t in times.items()},
           "logits": np.asarray(logits, np.float64).ravel()[::997].tolist()}
 
 
 def run(target: str, blocks: list[int], calls: int = 10, repeats: int = 5, sets=None,
-        rounds: int = 1, log=print) -> dict:
-  """{option set: {"flags", "ms", "steps", "max_logit_diff"}}; with rounds > 1 every set
-  runs that many times, the sets in turns, and "runs" keeps each round's ms."""
-  report = {}
-  reference = None
+        rounds: int = 1, log=print) -> tuple[list, dict]:
+  """(records, {option set: error}): every set in a process of its own, `rounds` times, the
+  sets in turns (`runner.interleave`: the order reversed every other round). A record per
+  set, block and round (axes `flags`, `block`, `round`), seconds per call one per turn;
+  extra: the flags and the largest logit difference from the first set run."""
+  from jspec.bench import records as R
+  from jspec.bench import runner
+
   names = list(OPTION_SETS) if sets is None else list(sets)
-  for name in [n for _ in range(rounds) for n in names]:
-    flags = OPTION_SETS[name]
-    env = dict(os.environ, XLA_FLAGS=flags)
-    cmd = [sys.executable, "-m", "jspec.tools.bench_flags", "--child", "--target", target,
-           "--blocks", ",".join(map(str, blocks)), "--calls", str(calls),
-           "--repeats", str(repeats)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-      report[name] = {"flags": flags, "error": done.stderr.strip().splitlines()[-1:]}
-      log(f"{name:<18} failed: {report[name]['error']}")
-      continue
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    if reference is None:
-      reference = out["logits"]
-    diff = max(abs(a - b) for a, b in zip(out["logits"], reference))
-    step = out["ms"][str(blocks[0])]
-    runs = report.get(name, {}).get("runs", []) + [out["ms"]]
-    ms = {b: statistics.median(r[b] for r in runs) for b in out["ms"]}
-    report[name] = {"flags": flags, "ms": ms, "runs": runs,
-                    "steps": {b: v / ms[str(blocks[0])] for b, v in ms.items()},
-                    "max_logit_diff": max(diff, report.get(name, {}).get("max_logit_diff", 0.0))}
-    log(f"{name:<18} " + "  ".join(f"T={b}: {ms:.1f} ms ({ms / step:.2f} steps)"
-                                   for b, ms in out["ms"].items())
-        + f"  logits vs default: max diff {diff:.1e}")
-  return report
+  recs, errors, reference, done = [], {}, [], {n: 0 for n in names}
+
+  def process(name):
+    def go():
+      flags = OPTION_SETS[name]
+      cmd = [sys.executable, "-m", "jspec.tools.bench_flags", "--child", "--target", target,
+             "--blocks", ",".join(map(str, blocks)), "--calls", str(calls),
+             "--repeats", str(repeats)]
+      ran = subprocess.run(cmd, env=dict(os.environ, XLA_FLAGS=flags), capture_output=True,
+                           text=True)
+      if ran.returncode != 0:
+        errors[name] = ran.stderr.strip().splitlines()[-1:]
+        log(f"{name:<18} failed: {errors[name]}")
+        return
+      out = json.loads(ran.stdout.strip().splitlines()[-1])
+      reference[:] = reference or [out["logits"]]
+      diff = max(abs(a - b) for a, b in zip(out["logits"], reference[0]))
+      mine = [R.Record(STUDY, "plain", "", "", axes={
+          "flags": name, "block": int(b), "round": done[name], "batch": 1,
+          "cache_length": CACHE_LENGTH}, seconds=tuple(t), extra={
+              "xla_flags": flags, "max_logit_diff": diff}) for b, t in out["seconds"].items()]
+      done[name] += 1
+      recs.extend(mine)
+      log(f"{name:<18} " + "  ".join(_ms_line(mine, blocks))
+          + f"  logits vs the first set: max diff {diff:.1e}")
+    return go
+
+  runner.interleave({n: process(n) for n in names}, rounds, wait=lambda out: None)
+  return recs, errors
+
+
+def _ms_line(recs, blocks) -> list[str]:
+  ms = {b: 1e3 * statistics.median(t for r in recs if r.axes["block"] == b for t in r.seconds)
+        for b in blocks}
+  return [f"T={b}: {ms[b]:.1f} ms ({ms[b] / ms[blocks[0]]:.2f} steps)" for b in blocks]
+
+
+def table(recs, blocks) -> str:
+  """Per option set: ms per call of each block (the median of its turns, every round
+  pooled), its cost in steps, and the largest logit difference from the first set."""
+  from jspec.bench import metrics as M
+
+  return "\n".join(f"{name:<18} " + "  ".join(_ms_line(mine, blocks))
+                   + f"  max logit diff {max(r.extra['max_logit_diff'] for r in mine):.1e}"
+                   for name, mine in M.group(recs, "flags").items())
 
 
 def program_options(target: str, repeats: int = 5, max_new_tokens: int = 128,
-                    log=print) -> dict:
-  """Tokens/s of greedy decoding compiled with and without CPU_OPTIONS (module docstring)."""
-  import time
+                    log=print) -> tuple[list, list]:
+  """(records, mismatches): greedy decoding of one held-out chat prompt of each kind,
+  compiled without and with CPU_OPTIONS, by the runner (interleaved, the answers compared
+  token for token); methods `without-cpu-options`, `with-cpu-options`."""
+  import types
 
-  import numpy as np
+  from jspec.bench import metrics as M
+  from jspec.bench import runner, targets, workloads
+  from jspec.core import programs
 
-  from jspec.core import compilation, programs
-  from jspec.bench import targets
-  from jspec.tools import bench_real, real_sections
+  def call(target, built, rows, n, temperature, seed, eos, memory=None, carried=None):
+    fn = runner.jspec_call(target, None, rows, n, temperature, seed, eos)
 
-  s = bench_real.Settings(max_new_tokens=max_new_tokens, per_kind=1)
-  model = targets.load(target)
-  prompts = bench_real.default_prompts(model, 1)
-  P, S = real_sections.shapes(prompts, s)
-  calls = [real_sections.jspec_call(model, [ids], P, S, s) for _, ids in prompts]
-  variants = {"without": False, "with CPU_OPTIONS": True}
+    def go(k):
+      with programs.fixed.using(built.cpu_options):
+        return fn(k)
+    return go
 
-  def run_all(cpu_options: bool):
-    with programs.fixed.using(cpu_options):
-      return [np.asarray(call().tokens) for call in calls]
-
-  answers = {name: run_all(v) for name, v in variants.items()}  # compiles both
-  same = all(np.array_equal(a, b) for a, b in zip(*answers.values()))
-  tokens = sum(int((a >= 0).sum()) for a in answers["without"])
-  times = {name: [] for name in variants}
-  for r in range(repeats):
-    for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
-      t0 = time.perf_counter()
-      run_all(variants[name])
-      times[name].append(time.perf_counter() - t0)
-  report = {"tokens": tokens, "identical_answers": same, "options": compilation.CPU_OPTIONS,
-            "times_s": times,
-            "tokens_per_s": {n: tokens / statistics.median(t) for n, t in times.items()},
-            "speedup_per_repeat": [a / b for a, b in zip(*times.values())]}
-  for name, rate in report["tokens_per_s"].items():
-    log(f"{name:<18} {rate:.1f} tokens/s")
-  log(f"speedup per repeat: {', '.join(f'{x:.3f}' for x in report['speedup_per_repeat'])}; "
-      f"answers identical: {same}")
-  return report
+  method = lambda on: types.SimpleNamespace(drafter=None, cpu_options=on)
+  without = "without-cpu-options"
+  variants = [runner.Variant(without, method(False), reference=None),
+              runner.Variant("with-cpu-options", method(True), reference=without)]
+  res = runner.run(targets.load(target), variants, workloads.load("chat").per_category(1),
+                   runner.Settings(max_new_tokens=max_new_tokens, repeats=repeats),
+                   "cpu-options", call=call)
+  by = M.group(res.records, "method")
+  for name, mine in by.items():
+    log(f"{name:<18} {M.tokens_per_s(mine):.1f} tokens/s")
+  per_repeat = [a / b for a, b in zip(*(M.repeat_seconds(by[v.name]) for v in variants))]
+  log(f"speedup per repeat: {', '.join(f'{x:.3f}' for x in per_repeat)}; "
+      f"answers identical: {not res.mismatches}")
+  return res.records, res.mismatches
 
 
 def main(argv=None) -> int:
@@ -141,7 +170,8 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--sets", default=None, help="comma-separated names of OPTION_SETS")
   parser.add_argument("--rounds", type=int, default=1, help="runs of every set, in turns")
-  parser.add_argument("--json", default=None)
+  parser.add_argument("--json", default=None,
+                      help="write the records here (JSON lines under a header)")
   parser.add_argument("--programs", action="store_true",
                       help="jspec's own program options, with against without")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -150,14 +180,22 @@ def main(argv=None) -> int:
   if args.child:
     print(json.dumps(child(args.target, blocks, args.calls, args.repeats)))
     return 0
+  from jspec.bench import records as R
+  from jspec.core import compilation
+
   sets = None if args.sets is None else args.sets.split(",")
   if args.programs:
-    report = program_options(args.target, args.repeats)
+    recs, bad = program_options(args.target, args.repeats)
+    head = R.header("cpu-options", {"repeats": args.repeats, "max_new_tokens": 128},
+                    target=args.target, options=dict(compilation.CPU_OPTIONS), mismatches=bad)
   else:
-    report = run(args.target, blocks, args.calls, args.repeats, sets, args.rounds)
+    recs, errors = run(args.target, blocks, args.calls, args.repeats, sets, args.rounds)
+    print(table(recs, blocks))
+    head = R.header(STUDY, {"blocks": blocks, "calls": args.calls, "repeats": args.repeats,
+                            "rounds": args.rounds}, target=args.target, errors=errors,
+                    option_sets={n: OPTION_SETS[n] for n in (sets or OPTION_SETS)})
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=2)
+    print(f"wrote {R.write(args.json, head, recs)}")
   return 0
 
 

