@@ -8,6 +8,9 @@
     records    the one record type, written as JSON lines under a header naming the machine
     metrics    pure functions of records (tau, acceptance by position, paired speedup, ...)
     report     tables by any axis, and plots
+    transformers_backend
+               transformers' `generate` as a second backend of the runner (`call=`), timed
+               beside jspec, interleaved (torch and transformers imported only there)
     serve_load `jspec bench serve`: request-rate sweeps against an OpenAI-compatible
                server, a record per request
 
