@@ -179,23 +179,49 @@ def test_training_lowers_the_loss_and_raises_acceptance():
 
 @pytest.mark.slow  # a benchmark or recipe end to end: tens of seconds on 2 cores
 def test_bench_of_saved_heads(target, eagle3, tmp_path):
-  """`bench_heads_real` on a tiny target: a saved head as a chain and as a dynamic tree
-  beside n-gram lookup, every answer equal to plain decoding's."""
-  from jspec.tools import bench_heads_real, bench_lookahead
+  """`jspec.bench.heads_real` on a tiny target: a saved head as a chain and as a dynamic
+  tree beside n-gram lookup through the harness's runner, streamed, every answer equal to
+  plain decoding's."""
+  from jspec.bench import heads_real, lookahead, metrics as M, workloads
 
   E.save_eagle(eagle3, tmp_path / "h3")
-  heads = bench_heads_real.build_heads(target, [str(tmp_path / "h3")], 3, "6,3,2")
-  assert sorted(heads) == ["h3 K=3", "h3 tree6"]
-  assert heads["h3 K=3"].k == 3 and heads["h3 tree6"].tree == jspec.DynamicTree(6, 3, 2)
-  sets = {"toy": [([3, 1, 4, 1, 5], None), ([2, 7], None)]}
-  methods = bench_lookahead.build_methods(target, ["ngram"]) | heads
-  report = bench_lookahead.run(target, sets, methods, max_new_tokens=8, repeats=1,
-                               log=lambda *_: None)
-  rows = report["sets"]["toy"]["methods"]
-  assert sorted(rows) == ["h3 K=3", "h3 tree6", "ngram", "plain"]
-  for row in rows.values():
-    assert row["answers_differing_from_plain"] == 0 and row["tokens"] == 16
-    assert row["tau"] >= 1.0
+  heads = heads_real.build_heads(target, [str(tmp_path / "h3")], 3, "6,3,2")
+  assert sorted(heads) == ["h3@k=3", "h3@tree=6,3,2"]
+  assert heads["h3@k=3"].k == 3 and heads["h3@tree=6,3,2"].tree == jspec.DynamicTree(6, 3, 2)
+  methods = lookahead.build_methods(target, ["ngram"]) | heads
+  ran = lookahead.run(target, methods, [workloads.from_ids("toy", [[3, 1, 4, 1, 5], [2, 7]])],
+                      max_new_tokens=8, repeats=1, study=heads_real.STUDY, progress=False)
+  assert ran.mismatches == []
+  by = M.group(ran.records, "method")
+  assert sorted(by) == ["h3@k=3", "h3@tree=6,3,2", "ngram", "plain"]
+  for name, recs in by.items():
+    assert [r.tokens for r in recs] == [8, 8] and M.tau(recs) >= 1.0
+    assert all(r.equal is (None if name == "plain" else True) for r in recs)
+    assert sum(n for repeat in recs[0].extra["arrivals"] for _, n in repeat) == 8
+  assert len(M.inter_token(by["plain"])) == 14  # 7 waits after the first token, 2 prompts
+  table = lookahead.tables(ran.records)["inter-token latency p50 / p99, ms"]
+  assert "| `h3@tree=6,3,2` |" in table and "| `plain` |" in table
+
+
+@pytest.mark.slow  # a benchmark end to end
+def test_eagle_trees_study_on_a_saved_head(target, eagle3, tmp_path):
+  """`jspec.bench.eagle_trees`: the head as a chain and as dynamic trees over one ragged
+  batch, every answer equal to plain greedy's; its records render the docs' table."""
+  from jspec.bench import eagle_trees, report, workloads
+
+  E.save_eagle(eagle3, tmp_path / "h3")
+  vs = eagle_trees.variants(target, str(tmp_path / "h3"), ["6,3,2", "8,2,4"], k=3)
+  assert [v.name for v in vs] == ["plain", "h3@k=3", "h3@tree=6,3,2", "h3@tree=8,2,4"]
+  ran = eagle_trees.run(target, vs, workloads.from_ids("toy", [[3, 1, 4, 1, 5], [2, 7]]),
+                        new=8, progress=False)
+  assert ran.mismatches == []
+  shapes = [r for r in ran.records if r.method != "plain"]
+  assert [r.equal for r in shapes] == [True] * 3 and all(r.tokens == 16 for r in shapes)
+  assert [(r.axes["verify_tokens"], r.extra["head_passes_per_round"]) for r in shapes] == [
+      (4, 3), (6, 3), (8, 2)]
+  table = report.TABLES["eagle-trees.shapes"]({}, shapes).splitlines()
+  assert table[2].startswith("| chain K=3 | 4 | 3 |")
+  assert table[4].startswith("| tree 8 nodes, depth 2, top-4 | 8 | 2 |")
 
 
 @pytest.mark.slow  # the CLI: test_measure stays fast

@@ -13,6 +13,12 @@
     ttft(r) / tpot(r) / e2e(r)      a streamed request's time to first token, time per
                                     output token after the first, end-to-end seconds
     span(records)                   seconds from the first request sent to the last answer
+    request_latency / first_token / inter_token(records)
+                                    a streamed call's per-row latencies (below)
+
+A streamed record (`runner.Settings(stream=True)`) keeps in `extra["arrivals"]`, per timed
+repeat, each round's arrival on the host: [seconds since the call began, new tokens of row
+0, of row 1, ...].
 
 A request record (one request to a server, `jspec.bench.serve_load`) keeps its times in
 `extra`, in seconds on one clock: `sent`, `chunk_times` (the arrival of each streamed text
@@ -267,3 +273,45 @@ def span(records) -> float:
   start = min(r.extra["sent"] for r in rs)
   end = max((r.extra["end"] for r in rs if r.extra.get("end") is not None), default=start)
   return end - start
+
+
+# ----------------------------------------------------------------------------- streamed calls
+
+
+def _rows_arrivals(records):
+  """[(seconds, tokens)] of each row of each timed repeat, rounds that emitted nothing left
+  out; a ValueError for a record that was not streamed."""
+  for r in _list(records):
+    if "arrivals" not in r.extra:
+      raise ValueError(f"record {r.method!r} on {r.prompt!r} was not streamed "
+                       f"(runner.Settings(stream=True))")
+    for repeat in r.extra["arrivals"]:
+      for b in range(len(repeat[0]) - 1 if repeat else 0):
+        yield [(e[0], e[1 + b]) for e in repeat if e[1 + b]]
+
+
+def request_latency(records) -> list[float]:
+  """Seconds from each call's start to each row's last token (streamed records); for
+  records not streamed, each timed call's seconds."""
+  rs = _list(records)
+  if not all("arrivals" in r.extra for r in rs):
+    return [t for r in rs for t in r.seconds]
+  return [row[-1][0] for row in _rows_arrivals(rs) if row]
+
+
+def first_token(records) -> list[float]:
+  """Seconds from each streamed call's start to each row's first token (prefill, a round)."""
+  return [row[0][0] for row in _rows_arrivals(records) if row]
+
+
+def inter_token(records) -> list[float]:
+  """For every token after a row's first, the seconds since the row's previous token: the
+  first token of a round waits for the round, the others of that round arrive with it (0)."""
+  out = []
+  for row in _rows_arrivals(records):
+    if row:
+      out += [0.0] * (row[0][1] - 1)
+    for (t, n), (before, _) in zip(row[1:], row):
+      out += [t - before] + [0.0] * (n - 1)
+  return out
+

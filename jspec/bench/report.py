@@ -98,6 +98,22 @@ def acceptance(recs, base) -> str:
   return " / ".join("-" if a != a else f"{a:.2f}" for a in M.acceptance(recs))
 
 
+def _p50_p99_ms(values, digits: int) -> str:
+  p = M.percentiles(values)
+  return f"{p['p50'] * 1e3:.{digits}f} / {p['p99'] * 1e3:.{digits}f}"
+
+
+def request_ms(recs, base) -> str:
+  """"2162 / 2778": request latency p50 / p99, ms (`metrics.request_latency`)."""
+  return _p50_p99_ms(M.request_latency(recs), 0)
+
+
+def inter_token_ms(recs, base) -> str:
+  """"34.1 / 50.7": inter-token latency p50 / p99, ms, of streamed records
+  (`metrics.inter_token`)."""
+  return _p50_p99_ms(M.inter_token(recs), 1)
+
+
 def predicted_accelerator(costs: list, ks: dict) -> Callable:
   """A cell: the speedup the measured tau and draft costs predict where a verify costs
   one step. costs: one {method: {K: cost figures}} (`metrics.predicted_steps`) per
@@ -113,6 +129,27 @@ def predicted_accelerator(costs: list, ks: dict) -> Callable:
       steps += accel
     return f"{sum(r.tokens for r in recs) / steps:.2f}x" if steps else "-"
   return cell
+
+
+def finish(ran, study: str, settings: dict, tables: dict, path: str | None, **header) -> int:
+  """A study's end: its tables printed ({title: text}), its records written to `path` (JSON
+  lines under `records.header(study, settings, **header)`, the mismatches in it), and its
+  exit code: 1 where a greedy answer differed from its reference (the runner listed it)."""
+  import sys
+
+  from jspec.bench import records
+
+  for title, table in tables.items():
+    print(f"\n{title}:\n{table}")
+  if path:
+    records.write(path, records.header(study, settings, mismatches=ran.mismatches, **header),
+                  ran.records)
+    print(f"wrote {path} ({len(ran.records)} records)")
+  if ran.mismatches:
+    print(f"ERROR: {len(ran.mismatches)} greedy answer(s) differ from their reference "
+          f"(listed above)", file=sys.stderr)
+    return 1
+  return 0
 
 
 # ----------------------------------------------------------------------------- docs
@@ -242,7 +279,8 @@ def assisted_tokens_per_s(header: dict, recs) -> str:
 
 
 def eagle_trees_shapes(header: dict, recs) -> str:
-  """benchmarks/eagle_trees_smollm2.py's table: per shape, verify width, head passes a
+  """`jspec.bench.eagle_trees`' table (benchmarks/eagle_trees_smollm2.py's before it): per
+  shape (the records of the head, not plain decoding's), verify width, head passes a
   round, tau (3 places) and acceptance by draft position."""
   out = [["shape", "verify tokens", "head passes a round", "tau",
           "acceptance by draft position"]]

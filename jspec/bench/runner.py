@@ -23,7 +23,13 @@ What runs, cell by cell (a cell: `batch` prompts of the workload at one turn):
             plain decoding's answer appended as the assistant's message, then the next.
   memory    a method `with_memory` (suffix drafting) gets the answers of every earlier
             cell as its memory; a drafter that hands its memory back (Token Recycling's
-            matrix, `out.memory`) carries it from cell to cell, as a server would.
+            matrix, `out.memory`) carries it from cell to cell, as a server would
+            (`carry=False`: it starts from its own memory in every cell).
+  options   a variant's keyword arguments go to every call it makes (`Variant.options`:
+            a `constraint`, `top_p`, ...).
+  streams   with `Settings(stream=True)` every call is streamed and each round's arrival
+            kept in its record (`extra["arrivals"]`: latency percentiles, `metrics`); with
+            `answers=True` each row's answer is kept (`extra["answers"]`).
 
 `interleave` is the timing loop of everything else too (steady-state rounds, latency
 runs, probes): one place decides how jspec times a thing.
@@ -58,6 +64,8 @@ class Settings:
   seed: int = 0  # sampled variants: seed + cell index, every method alike
   eos: bool = True  # False: every row runs max_new_tokens (EOS ignored)
   progress: bool = True
+  stream: bool = False  # every call streamed, its rounds' arrival times in the record
+  answers: bool = False  # each row's answer (token ids) in the record
 
   def __post_init__(self):
     for name in ("max_new_tokens", "repeats", "batch"):
@@ -77,6 +85,8 @@ class Variant:
   axes: dict = dataclasses.field(default_factory=dict)
   reference: str | None = PLAIN  # the variant its greedy answers are compared with
   exact: bool = True  # a difference from the reference is a mismatch (False: recorded only)
+  options: dict = dataclasses.field(default_factory=dict)  # keyword arguments of its calls
+  carry: bool = True  # a remembering drafter's memory carried from cell to cell
 
   @property
   def greedy(self) -> bool:
@@ -140,10 +150,12 @@ def _ids(target, prompt: Prompt, history: list) -> list[int]:
 
 
 def jspec_call(target, built, rows: list[list[int]], max_new_tokens: int, temperature: float,
-               seed: int, eos: bool, memory=None, carried=None) -> Callable[[int], Any]:
-  """fn(n) -> output of `rows` padded to their bucket, cache length from the bucket and
-  `max_new_tokens`; built None: plain decoding. memory: the suffix memory (methods
-  `with_memory`); carried: a remembering drafter's memory from the cell before."""
+               seed: int, eos: bool, memory=None, carried=None,
+               **options) -> Callable[..., Any]:
+  """fn(n, **more) -> output of `rows` padded to their bucket, cache length from the bucket
+  and `max_new_tokens`; built None: plain decoding. memory: the suffix memory (methods
+  `with_memory`); carried: a remembering drafter's memory from the cell before; options
+  and more: keyword arguments of the call (`constraint`, `top_p`, `stream`)."""
   import jspec
 
   P, S = shapes(max(len(r) for r in rows), max_new_tokens)
@@ -151,17 +163,17 @@ def jspec_call(target, built, rows: list[list[int]], max_new_tokens: int, temper
   for i, r in enumerate(rows):
     tokens[i, :len(r)] = r
   kw = dict(prompt_lengths=[len(r) for r in rows], cache_length=S, temperature=temperature,
-            seed=seed, **({} if eos else {"eos_id": ()}))
+            seed=seed, **({} if eos else {"eos_id": ()}), **options)
   if built is None:
-    return lambda n: jspec.generate(target, tokens, max_new_tokens=n, **kw)
+    return lambda n, **more: jspec.generate(target, tokens, max_new_tokens=n, **kw, **more)
   drafter = built.drafter
   if built.with_memory:
     drafter = dataclasses.replace(drafter, memory=memory)
   if carried is not None:
     drafter = dataclasses.replace(drafter, memory=carried)
   shape = dict(num_draft_tokens=built.k) if built.tree is None else dict(tree=built.tree)
-  return lambda n: jspec.speculative_generate(target, drafter, tokens, max_new_tokens=n,
-                                              **shape, **kw)
+  return lambda n, **more: jspec.speculative_generate(target, drafter, tokens,
+                                                      max_new_tokens=n, **shape, **kw, **more)
 
 
 def answers(out) -> list[np.ndarray]:
@@ -208,7 +220,8 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
   eos = set(int(e) for e in target.eos_ids) if s.eos else set()
   memory = SuffixMemory.empty(MEMORY_SLOTS)
   carried = {v.name: v.built.drafter.remembered(None) for v in variants
-             if v.built is not None and isinstance(v.built.drafter, RememberingDrafter)}
+             if v.built is not None and v.carry
+             and isinstance(v.built.drafter, RememberingDrafter)}
   history = {p.id: list(p.messages) for p in workload.prompts}
   compiled = set()
   recs, mismatches = [], []
@@ -222,11 +235,12 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
     P, S = shapes(max(len(r) for r in rows), s.max_new_tokens)
     seed = s.seed + index
     calls = {v.name: call(target, v.built, rows, s.max_new_tokens, v.temperature, seed,
-                          s.eos, memory, carried.get(v.name)) for v in variants}
+                          s.eos, memory, carried.get(v.name), **v.options) for v in variants}
+    arrivals = {v: [] for v in names}  # per timed call: [[seconds, tokens of each row], ...]
     for v in names:
       if (v, len(rows), P, S) not in compiled:  # max_new_tokens is traced: 1 token compiles
         bar.set_postfix_str(f"compiling {v} for {P}-token prompts")
-        np.asarray(calls[v](1).tokens)
+        np.asarray(calls[v](1, **({"stream": lambda rows: None} if s.stream else {})).tokens)
         compiled.add((v, len(rows), P, S))
     if (len(rows), S) not in compiled:
       # A call's output is its [B, S] buffer cut to max_new_tokens on the host side; the
@@ -234,13 +248,17 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
       np.asarray(jnp.zeros((len(rows), S), jnp.int32)[:, :s.max_new_tokens])
       compiled.add((len(rows), S))
     where = ",".join(p.id for p in prompts) + (f"/{turn + 1}" if turn else "")
-    outs, times = interleave({v: (lambda v=v: calls[v](s.max_new_tokens)) for v in names},
-                             s.repeats, on_call=lambda v: bar.set_postfix_str(f"{where}: {v}"))
+    outs, times = interleave({v: _timed(calls[v], s, arrivals[v]) for v in names}, s.repeats,
+                             on_call=lambda v: bar.set_postfix_str(f"{where}: {v}"))
     cats = {p.group for p in prompts}
     axes = {"batch": len(rows), "turn": turn + 1, "prompt_tokens": int(sum(map(len, rows))),
             "category": cats.pop() if len(cats) == 1 else "mixed"}
     for v in variants:
       equal, extra = None, {}
+      if s.stream:
+        extra["arrivals"] = arrivals[v.name]
+      if s.answers:
+        extra["answers"] = [a.tolist() for a in answers(outs[v.name])]
       if v.greedy and v.reference in by_name and v.name != v.reference:
         mine, theirs = answers(outs[v.name]), answers(outs[v.reference])
         equal = all(np.array_equal(a, b) for a, b in zip(mine, theirs))
@@ -276,6 +294,20 @@ def run(target, variants: list[Variant], workload: Workload, s: Settings, study:
     bar.update(1)
   bar.close()
   return Result(recs, mismatches)
+
+
+def _timed(fn, s: Settings, into: list) -> Callable[[], Any]:
+  """fn's timed call; streamed (`s.stream`), each round's arrival appended to a new list
+  of `into`: [seconds since the call began, new tokens of each row]."""
+  if not s.stream:
+    return lambda: fn(s.max_new_tokens)
+
+  def streamed():
+    seen, t0 = [], time.perf_counter()
+    into.append(seen)
+    return fn(s.max_new_tokens, stream=lambda rows: seen.append(
+        [time.perf_counter() - t0] + [len(r) for r in rows]))
+  return streamed
 
 
 def _progress(total: int, enabled: bool):

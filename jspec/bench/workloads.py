@@ -6,6 +6,9 @@
     spec-bench      Spec-Bench's questions (`jspec.bench.questions`; MT-Bench's 80 when no
                     file is given), every turn: `spec-bench:FILE` for a file of one's own
     mt-bench        the same questions, one group: MT-Bench's two-turn conversations
+    agent           multi-turn, agent-style conversations (category "multi-turn"): per
+                    standard-library function, a tool's output (its source) shown, the
+                    model asked to explain it, to rewrite it, then to repeat its explanation
     jsonl:FILE      a user's conversations (a "messages" list, or "text" / "prompt", or a
                     string per line), each put through the chat template (alias chat:FILE)
     text:FILE       a user's plain-text prompts (JSONL, or prompts between `---` lines)
@@ -23,9 +26,20 @@ import json
 import os
 
 CHAT_KINDS = ("restate", "explain", "question")
-NAMES = ("chat", *CHAT_KINDS, "free", "spec-bench", "mt-bench")
+NAMES = ("chat", *CHAT_KINDS, "free", "spec-bench", "mt-bench", "agent")
 HELP = ("chat, restate, explain, question, free (explain + question), spec-bench[:FILE], "
-        "mt-bench, jsonl:FILE (conversations), text:FILE (plain prompts)")
+        "mt-bench, agent, jsonl:FILE (conversations), text:FILE (plain prompts)")
+# The agent workload: the same three-turn task on each function, the whole history (the
+# tool's output, the model's own earlier answers) in every turn's prompt.
+AGENT_FUNCTIONS = ("textwrap.indent", "shlex.quote", "json.dumps", "shutil.copyfileobj",
+                   "fnmatch.translate", "string.capwords", "base64.b64encode",
+                   "colorsys.rgb_to_hsv")
+AGENT_TURNS = (
+    "The tool `read_source` returned:\n```python\n{code}\n```\nExplain in two sentences what "
+    "`{name}` does.",
+    "Rewrite `{name}` with a short docstring. Reply with the code only.",
+    "Repeat your first explanation of `{name}` word for word, then list its parameters.",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +78,10 @@ class Workload:
   def first_turns(self) -> "Workload":
     """The same prompts without their later turns."""
     return Workload(self.name, tuple(dataclasses.replace(p, turns=()) for p in self.prompts))
+
+  def head(self, n: int) -> "Workload":
+    """The first n prompts."""
+    return Workload(self.name, self.prompts[:n])
 
   def per_category(self, n: int) -> "Workload":
     """The first n prompts of each category, categories in turn (the order `pick` keeps)."""
@@ -105,6 +123,22 @@ def user(text: str) -> tuple:
   return ({"role": "user", "content": text},)
 
 
+def agent() -> Workload:
+  """The agent workload: per function of AGENT_FUNCTIONS (its source, at most 30 lines, as
+  a tool's output), a conversation of AGENT_TURNS' three user turns."""
+  import importlib
+  import inspect
+
+  out = []
+  for dotted in AGENT_FUNCTIONS:
+    module, name = dotted.rsplit(".", 1)
+    code = "\n".join(inspect.getsource(getattr(importlib.import_module(module), name))
+                     .splitlines()[:30])
+    first, *later = (t.format(name=name, code=code) for t in AGENT_TURNS)
+    out.append(Prompt(name, "multi-turn", user(first), tuple(later)))
+  return Workload("agent", tuple(out))
+
+
 def load(name: str, checkpoints: str | None = None) -> Workload:
   """The workload called `name` (module docstring); a clear ValueError otherwise."""
   if not isinstance(name, str) or not name:
@@ -128,6 +162,8 @@ def load(name: str, checkpoints: str | None = None) -> Workload:
       qs = [q for q in qs if q.group == questions.MULTI_TURN]
     return Workload(name, tuple(Prompt(str(q.question_id), q.category, user(q.turns[0]),
                                        tuple(q.turns[1:])) for q in qs))
+  if name == "agent":
+    return agent()
   if name.startswith(("jsonl:", "chat:")):
     convs = read_chat_prompts(name.split(":", 1)[1])
     return Workload(name, tuple(Prompt(str(i), "", tuple(c)) for i, c in enumerate(convs)))
