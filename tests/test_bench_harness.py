@@ -207,10 +207,15 @@ def test_runner_answers_turns_in_order_with_plain_answers_carried():
   res = runner.run(Target(tok), [runner.plain()], wl,
                    runner.Settings(max_new_tokens=3, repeats=1, progress=False), "s",
                    call=stand_in([], lambda v, i: [4, 0, 0]))
-  assert [r.prompt for r in res.records] == ["q", "r", "q/2"]
-  last = tok.seen[-1]
-  assert [m["content"] for m in last] == ["one", "4", "two"]  # EOS (0) cut from the answer
-  assert res.records[-1].axes["turn"] == 2 and res.records[-1].axes["category"] == "mt_bench"
+  assert [r.prompt for r in res.records] == ["q", "q/2", "r"]
+  second = tok.seen[1]
+  assert [m["content"] for m in second] == ["one", "4", "two"]  # EOS (0) cut from the answer
+  assert res.records[1].axes["turn"] == 2 and res.records[1].axes["category"] == "mt_bench"
+  # Several prompts a call: every first turn before any second.
+  batched = runner.run(Target(Tokenizer()), [runner.plain()], wl,
+                       runner.Settings(max_new_tokens=3, repeats=1, batch=2, progress=False),
+                       "s", call=stand_in([], lambda v, i: [4, 0, 0]))
+  assert [r.prompt for r in batched.records] == ["q,r", "q/2"]
 
 
 def test_interleave_times_each_call_per_repeat():

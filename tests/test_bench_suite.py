@@ -251,10 +251,10 @@ def test_suite_end_to_end_on_a_tiny_chat_model(tiny_gguf, tmp_path, capsys):
   head, recs = records.read(str(out))
   assert head["mismatches"] == [] and head["columns"] == ["mt_bench", "translation"]
   plain = M.select(recs, method="plain")
-  # Every turn of the first question before the second's turn 2: turn order kept.
-  assert [r.prompt for r in plain] == ["81", "90", "81/2"]
+  # A conversation's turns one after the other, then the next question (Spec-Bench's order).
+  assert [r.prompt for r in plain] == ["81", "81/2", "90"]
   # Turn 2's prompt holds turn 1 and its answer.
-  assert plain[2].axes["prompt_tokens"] > plain[0].axes["prompt_tokens"]
+  assert plain[1].axes["prompt_tokens"] > plain[0].axes["prompt_tokens"]
   for name in ("ngram", "suffix"):
     mine = M.select(recs, method=name)
     assert all(r.equal for r in mine)

@@ -193,8 +193,15 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def _cells(workload: Workload, batch: int):
-  """(turn index, [prompts]) in order: every prompt's turn t before any turn t + 1, in
-  groups of `batch`."""
+  """(turn index, [prompts]) in order. One prompt a call: each conversation's turns one
+  after the other, then the next conversation's (as Spec-Bench runs MT-Bench: what a
+  memory carried across questions holds follows that order). Several a call: every
+  prompt's turn t before any turn t + 1, in groups of `batch`."""
+  if batch == 1:
+    for p in workload.prompts:
+      for t in range(1 + len(p.turns)):
+        yield t, [p]
+    return
   longest = max(1 + len(p.turns) for p in workload.prompts)
   for t in range(longest):
     live = [p for p in workload.prompts if t <= len(p.turns)]
