@@ -98,24 +98,38 @@ def test_measure_rejects_bad_settings(target):
 
 
 def test_latency_from_timestamped_rounds(monkeypatch):
-  """Tokens of one round arrive together: the first waits for the round, the rest 0."""
+  """A streamed call's rounds are timestamped by the runner (`Settings(stream=True)`) and
+  read as latencies: tokens of one round arrive together, the first waits for the round,
+  the rest 0."""
   from types import SimpleNamespace
-  from jspec.tools import latency
-  clock = iter([0.0, 1.0, 1.5, 3.5])  # call start, then three rounds
-  monkeypatch.setattr(latency.time, "perf_counter", lambda: next(clock))
+  from jspec.bench import runner, workloads
 
-  def call(stream):
-    stream([[7, 8], [9]])   # t = 1.0: row 0 gets 2 tokens, row 1 one
-    stream([[1], []])       # t = 1.5
-    stream([[], [4, 5, 6]])  # t = 3.5
-    return SimpleNamespace(tokens=np.zeros((2, 4)), lengths=np.asarray([3, 4]))
+  def call(target, built, rows, *args, **options):
+    def fn(n, stream=None):
+      if stream is not None:
+        stream([[7, 8], [9]])   # t = 1.0: row 0 gets 2 tokens, row 1 one
+        stream([[1], []])       # t = 1.5
+        stream([[], [4, 5, 6]])  # t = 3.5
+      none = np.zeros((2, 0), np.int32)
+      return SimpleNamespace(tokens=np.zeros((2, 4), np.int32), lengths=np.asarray([3, 4]),
+                             stats=SimpleNamespace(target_calls=np.asarray([2, 2]),
+                                                   position_judged=none,
+                                                   position_accepted=none),
+                             rounds_by_k=None, memory=None)
+    return fn
 
-  _, sample = latency.timed_call(call)
-  assert sample["first_token_s"] == [1.0, 1.0]
-  assert sample["request_s"] == [1.5, 3.5]
-  assert sorted(sample["itl_s"]) == [0.0, 0.0, 0.0, 0.5, 2.5]
-  stats = latency.percentiles(sample)
-  assert stats["itl_ms"]["p50"] == 0.0 and stats["itl_ms"]["p99"] == pytest.approx(2420.0)
+  # The timed call's start and end (runner.interleave), the stream's start, three rounds.
+  clock = iter([100.0, 0.0, 1.0, 1.5, 3.5, 200.0])
+  monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
+  (r,) = runner.run(SimpleNamespace(eos_ids=()), [runner.plain()],
+                    workloads.from_ids("w", [[1, 2], [3, 4]]),
+                    runner.Settings(max_new_tokens=4, repeats=1, batch=2, stream=True,
+                                    progress=False), "s", call=call).records
+  assert r.seconds == (100.0,)
+  assert metrics.first_token([r]) == [1.0, 1.0]
+  assert metrics.request_latency([r]) == [1.5, 3.5]
+  assert sorted(metrics.inter_token([r])) == [0.0, 0.0, 0.0, 0.5, 2.5]
+  assert metrics.percentiles(metrics.inter_token([r]))["p99"] == pytest.approx(2.42)
 
 
 @pytest.mark.slow

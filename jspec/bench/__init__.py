@@ -14,8 +14,9 @@
     serve_load `jspec bench serve`: request-rate sweeps against an OpenAI-compatible
                server, a record per request
 
-Studies (`jspec bench`, `jspec measure`, the scripts of benchmarks/, and the modules here
-run as `python -m jspec.bench.NAME`: lookahead, heads_real, suffix, constraint, sampling,
-ngram, recycling, eagle_trees) are short declarations over these. Nothing in the decoding
+Studies (`jspec bench`: pair on the shipped code pair, device with --device gpu;
+`jspec measure`, the scripts of benchmarks/, and the modules here run as `python -m
+jspec.bench.NAME`: lookahead, heads_real, suffix, constraint, sampling, ngram, recycling,
+eagle_trees) are short declarations over these. Nothing in the decoding
 path imports this package.
 """

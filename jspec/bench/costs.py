@@ -140,3 +140,35 @@ def weight_bytes(model: Model) -> int:
   """Bytes of a model's parameters as loaded."""
   return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(model.params)))
 
+
+def steady(target, variants: dict, prompts, new_tokens: int = 256, repeats: int = 7,
+           study: str = "steady") -> list:
+  """Records of each variant's steady state: {name: `methods.Built` (None: plain decoding)},
+  each run on `prompts` (one call, greedy, every row to the end, EOS ignored) for
+  `new_tokens` and for a quarter of that on the same cache, all interleaved
+  (`runner.interleave`) after an untimed run of each; axes length ("long" / "short"),
+  new_tokens, k, batch. The long run's extra over the short one
+  (`metrics.steady_seconds(short, long, per="tokens" | "rounds")`) leaves out the call's
+  fixed part (prefill, host work, transfers), which a long run only dilutes."""
+  from jspec.bench import records, runner
+
+  short = max(new_tokens // 4, 1)
+  if new_tokens <= short:
+    raise ValueError(f"steady needs new_tokens >= 2, got {new_tokens}")
+  fns = {name: runner.jspec_call(target, built, prompts, new_tokens, 0.0, 0, False)
+         for name, built in variants.items()}
+  calls = {f"{name}/{length}": (lambda fn, n: lambda: fn(n))(fn, n)
+           for name, fn in fns.items() for length, n in (("long", new_tokens), ("short", short))}
+  for fn in calls.values():
+    jax.block_until_ready(fn().tokens)
+  outs, times = runner.interleave(calls, repeats)
+  out = []
+  for key, o in outs.items():
+    name, length = key.split("/")
+    built = variants[name]
+    out.append(records.from_output(
+        o, per_row=len(prompts) > 1, study=study, method=name, workload="steady",
+        prompt=",".join(map(str, range(len(prompts)))), seconds=tuple(times[key]),
+        axes={"length": length, "new_tokens": new_tokens if length == "long" else short,
+              "k": 0 if built is None else built.k, "batch": len(prompts)}))
+  return out

@@ -531,3 +531,34 @@ def bars(records, cols: str, values: dict[str, Callable], path: str, title: str,
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def lines(groups: dict, path: str, title: str, xlabel: str, ylabel: str,
+          log2x: bool = False, unity: bool = True) -> None:
+  """Curves against an axis (PNG; needs matplotlib): {group: {curve: (xs, ys)}}, one colour
+  per group, its curves solid, dashed, dotted in turn, labelled "group curve"; a curve whose
+  xs is None is a horizontal line at its one y (a figure with no x, "auto"'s speedup).
+  unity: a grey line at 1 (speedups)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for group, curves in groups.items():
+    color = None
+    for style, (curve, (xs, ys)) in zip(("o-", "--", ":"), curves.items()):
+      label = f"{group} {curve}".strip()
+      if xs is None:
+        line = ax.axhline(ys, color=color, ls=":", label=label)
+      else:
+        line, = ax.plot(xs, ys, style, color=color, label=label)
+      color = line.get_color()
+  if unity:
+    ax.axhline(1.0, color="gray", lw=0.8)
+  if log2x:
+    ax.set_xscale("log", base=2)
+  ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

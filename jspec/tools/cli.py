@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 
@@ -220,13 +219,12 @@ def profile(args) -> int:
 
 
 def bench(args) -> int:
-  """Side-by-side benchmark (jspec/tools/bench.py): shipped models, or random-init ones on --device
+  """Side-by-side benchmark (jspec/bench/pair.py): shipped models, or random-init ones on --device
   gpu; with --target, a GGUF model against transformers on the same file (jspec/bench/real.py)."""
   import jax
 
   import jspec
-  from jspec.tools import bench as bench_lib
-  from jspec.tools import bench_report, bench_timing
+  from jspec.bench import pair, records
   from jspec.io import shipped
 
   if args.suite is not None:  # Spec-Bench's questions, every method, by category
@@ -271,10 +269,12 @@ def bench(args) -> int:
     return bench_real.main(path, s, args.out or bench_real.OUT, sections, workload=prompts,
                            target=target)
   args.out = args.out or "docs/bench"
-  s = bench_lib.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
-                         k=args.fixed_k, max_new_tokens=args.max_new_tokens or 64,
-                         repeats=args.repeats, transformers=not args.no_transformers)
+  s = pair.Settings(batches=ints(args.batches or "1,2,4,8,16,32,64"), ks=ints(args.k),
+                    k=args.fixed_k, max_new_tokens=args.max_new_tokens or 64,
+                    repeats=args.repeats, transformers=not args.no_transformers)
   if args.device == "gpu":
+    from jspec.bench import device
+
     if jax.default_backend() == "cpu":
       print("--device gpu needs an accelerator; jax sees only the CPU", file=sys.stderr)
       return 2
@@ -286,25 +286,34 @@ def bench(args) -> int:
     draft = jspec.models.init(big(4, 1024), seed=1, dtype="bfloat16")
     print(f"jspec bench on {jax.devices()[0].device_kind}: random-init target "
           f"{target.num_params():,} params, draft {draft.num_params():,} (bf16)", flush=True)
-    report = {"devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-              "target_params": target.num_params(), "draft_params": draft.num_params(),
-              "settings": dataclasses.asdict(s),
-              "device": bench_timing.device_report(target, draft, s.batches, s.ks, s)}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_device.json"), "w") as f:
-      json.dump(report, f, indent=1)
+    part, recs = device.run(target, draft, s.batches, s.ks, s.k)
+    head = records.header(device.STUDY, dataclasses.asdict(s), target_params=target.num_params(),
+                          draft_params=draft.num_params(), **part)
+    print("\n".join(device.lines(head, recs, s.k)))
+    print(f"wrote {records.write(os.path.join(args.out, device.FILE), head, recs)}")
     return 0
+  sections = tuple(x for x in (args.sections or ",".join(pair.SECTIONS)).split(",") if x)
+  if set(sections) - set(pair.KNOWN):
+    raise SystemExit(f"--sections: unknown {', '.join(sorted(set(sections) - set(pair.KNOWN)))};"
+                     f" known: {', '.join(pair.KNOWN)}")
+  from jspec.bench import methods as registry
+  from jspec.tools import profile as in_loop
+
   path = shipped.checkpoints_dir(args.checkpoints)
   target = shipped.load(shipped.TARGET, path=path)
-  draft = shipped.load(shipped.DRAFT, path=path)
-  sections = tuple(x for x in (args.sections or "k_sweep,batch_sweep,latency,tasks,floor,transformers")
-                   .split(",") if x)
-  heads = shipped.load_heads(target, path=path) if "heads" in sections else None
-  report = bench_lib.run(target, draft, shipped.heldout(path), s, args.out, sections=sections,
-                         self_drafters=heads)
-  print(bench_report.summary(report))
-  print(f"wrote {os.path.join(args.out, 'bench.json')} and {len(report['figures'])} figures")
-  return 0
+  drafters = {n: registry.build(n, target, folders={"draft": os.path.join(path, shipped.DRAFT)})
+              .drafter for n in ("draft", "ngram")}
+  heads = ({"draft": drafters["draft"], **shipped.load_heads(target, path=path)}
+           if "heads" in sections else None)
+  file = os.path.join(args.out, pair.FILE)
+  keep = records.read(file) if os.path.exists(file) else None  # its other sections stay
+  if keep and keep[0].get("study") != pair.STUDY:
+    raise SystemExit(f"{file} holds a {keep[0].get('study')!r} study's records: give --out")
+  head, recs = pair.run(target, drafters, shipped.heldout(path), s, sections, heads, in_loop, keep)
+  print(pair.summary(head, recs))
+  records.write(file, head, recs)
+  print(f"wrote {file} and {len(pair.plot(head, recs, args.out))} figures")
+  return 1 if pair.differing(recs) else 0
 
 
 def serve(args) -> int:

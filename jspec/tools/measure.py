@@ -19,6 +19,7 @@ speculative runs interleaved:
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import numpy as np
@@ -29,15 +30,9 @@ from jspec.bench.costs import round_time, verify_width
 from jspec.bench.records import rows as record_rows
 
 from jspec.core.stats import acceptance_rates, ideal_speedup
-from jspec.tools import latency as lat
-from jspec.planner.api import generate, speculative_generate
 from jspec.planner.inputs import cache_bucket
 from jspec.core.drafter import BranchDrafter
 from jspec.core.model import Model
-
-
-def _batches(prompts, batch_size):
-  return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
 def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens: int = 64,
@@ -49,9 +44,9 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
   (`jspec.bench.runner`: compiled outside timing, plain decoding and every K interleaved,
   the order alternating per repeat; greedy answers compared with plain decoding's) and
   every figure is a function of its records (`jspec.bench.metrics`); the measured speedup
-  is the median over repeats of the paired ratio. latency: also run every batch once more
-  per repeat with per-round timestamps (`jspec.tools.latency`) and report request,
-  first-token and inter-token latency percentiles for the baseline and each K. Returns a
+  is the median over repeats of the paired ratio. latency: the same runs again, streamed
+  (`runner.Settings(stream=True)`: each round's arrival timed), and request, first-token and
+  inter-token latency percentiles for the baseline and each K. Returns a
   JSON-ready dict (see module docstring), its records under "records".
   """
   from jspec.bench import metrics as M
@@ -76,20 +71,15 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
   recs = result.records
 
   latencies = {}
-  if latency:  # streamed programs are their own: compiled here, then timed interleaved
-    groups = _batches(list(prompts), batch_size)
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=())
-    fns = {"base": lambda g, stream: generate(target, g, stream=stream, **kw),
-           **{k: (lambda g, stream, k=k: speculative_generate(
-               target, drafter, g, num_draft_tokens=k, stream=stream, **kw)) for k in ks}}
-    for fn in fns.values():
-      lat.timed_call(lambda stream, g=groups[0], fn=fn: fn(g, stream))
-    samples = {n: [] for n in fns}
-    for _ in range(repeats):
-      for g in groups:
-        for n, fn in fns.items():
-          samples[n].append(lat.timed_call(lambda stream, g=g, fn=fn: fn(g, stream))[1])
-    latencies = {n: lat.percentiles(lat.merge(v)) for n, v in samples.items()}
+  if latency:  # the same runs again, streamed: each round's arrival timed (metrics)
+    streamed = runner.run(target, variants, workloads.from_ids("prompts", prompts),
+                          dataclasses.replace(settings, stream=True), study="measure").records
+    ms = lambda seconds: {p: v * 1e3 for p, v in M.percentiles(seconds).items()}
+    for v in variants:
+      mine = M.select(streamed, method=v.name)
+      latencies[v.name] = {"request_ms": ms(M.request_latency(mine)),
+                           "first_token_ms": ms(M.first_token(mine)),
+                           "itl_ms": ms(M.inter_token(mine))}
 
   longest = max(len(p) for p in prompts)
   widest = max(verify_width(drafter, k) for k in ks)
@@ -117,14 +107,14 @@ def measure(target: Model, drafter, prompts, *, ks=(1, 2, 4, 8), max_new_tokens:
         "measured_speedup": M.speedup(base, mine), "tokens_per_s": M.tokens_per_s(mine),
         "equal_to_baseline": M.all_equal(mine) if temperature == 0 else None,
         "per_prompt": [_one(r, k) for r in per_row],
-        **({"latency": latencies[k]} if latency else {}),
+        **({"latency": latencies[name(k)]} if latency else {}),
     })
   return {
       "prompts": len(prompts), "batch_size": batch_size, "max_new_tokens": max_new_tokens,
       "temperature": temperature, "repeats": repeats, "backend": jax.default_backend(),
       "t_step_ms": t_step * 1e3, "baseline_tokens_per_s": M.tokens_per_s(base),
       "rows": rows, "records": [r.to_json() for r in recs],
-      **({"baseline_latency": latencies["base"]} if latency else {}),
+      **({"baseline_latency": latencies[base_name]} if latency else {}),
   }
 
 
@@ -152,9 +142,9 @@ def format_table(report: dict) -> str:
                  f"{r['measured_speedup']:7.2f}x  {pos}")
   if "baseline_latency" in report:
     lines.append("latency, milliseconds:")
-    lines.append(lat.format_line("baseline", report["baseline_latency"]))
+    lines.append(_latency_line("baseline", report["baseline_latency"]))
     for r in report["rows"]:
-      lines.append(lat.format_line(f"K={r['k']}", r["latency"]))
+      lines.append(_latency_line(f"K={r['k']}", r["latency"]))
   lines.append("per prompt: tau, then acceptance by position (- never judged)")
   for i in range(report["prompts"]):
     cells = []
@@ -164,6 +154,14 @@ def format_table(report: dict) -> str:
       cells.append(f"K={r['k']}: {one['tau']:.2f} [{pos}]")
     lines.append(f"{i:>4}  " + "  ".join(cells))
   return "\n".join(lines)
+
+
+def _latency_line(label: str, stats: dict) -> str:
+  """One text line: request, first-token and inter-token p50 / p90 / p99 in ms."""
+  three = lambda d: "/".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" for v in d.values())
+  return (f"{label:<10} request {three(stats['request_ms'])}  first token "
+          f"{three(stats['first_token_ms'])}  inter-token {three(stats['itl_ms'])} ms "
+          f"(p50/p90/p99)")
 
 
 def plot(report: dict, path: str) -> None:
