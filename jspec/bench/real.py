@@ -31,8 +31,8 @@ and figures are made from every file there:
                 n-gram at the fixed K and "auto";
   floor         the weight-streaming floor of a batch-1 step (weight bytes over the copy
                 bandwidth, `costs.memory_bandwidth`) against jspec's steady-state seconds per
-                token (two answer lengths interleaved, so the call's fixed part cancels,
-                `metrics.steady_seconds`), with f32 and with bf16 weights;
+                token (`costs.steady`: two answer lengths interleaved, so the call's fixed
+                part cancels, `metrics.steady_seconds`), with f32 and with bf16 weights;
   verify        a verify of K + 1 tokens against a 1-token step at batch 1, the calls
                 repeated inside one jitted loop (`call_times.loop_times`, one time a turn)
                 and dispatched one by one (`costs.call_time`, their median).
@@ -168,27 +168,22 @@ def batch_section(target, wl, s: Settings, progress=True) -> tuple[list, list]:
 
 
 def floor_section(path: str, target, wl, s: Settings) -> tuple[list, dict]:
-  """Records of plain decoding at two answer lengths (axis `length`, short / long; EOS
-  ignored) with f32 weights (the loaded model) and bf16 (the file loaded again, axis
-  `dtype`), all interleaved after an untimed run of each, each with its model's weight
-  bytes in extra; and the header's bandwidth."""
+  """Records of plain decoding's steady state (`costs.steady`: two answer lengths, axis
+  `length`, EOS ignored, interleaved) with f32 weights (the loaded model) and bf16 (the file
+  loaded again), axis `dtype`, each with its model's weight bytes in extra; and the header's
+  bandwidth."""
   from jspec.bench import costs, targets
 
-  ids, long = _ids(target, wl.prompts[0]), max(s.steady_tokens, 8)
-  models = {"float32": target, "bfloat16": targets.load(path, dtype="bfloat16")}
-  calls = {(d, x, n): (lambda fn, n: lambda: fn(n))(
-      runner.jspec_call(m, None, [ids], long, 0.0, 0, False), n)
-      for d, m in models.items() for x, n in (("short", long // 4), ("long", long))}
-  for fn in calls.values():
-    np.asarray(fn().tokens)
-  outs, times = runner.interleave(calls, s.repeats)
-  return [R.from_output(outs[key], study="real-floor", method=runner.PLAIN, workload=wl.name,
-                        prompt=wl.prompts[0].id, seconds=tuple(times[key]),
-                        axes={"dtype": key[0], "length": key[1], "new_tokens": key[2],
-                              "batch": 1},
-                        extra={"weight_bytes": costs.weight_bytes(models[key[0]])})
-          for key in calls], {"bandwidth_bytes_per_s": costs.memory_bandwidth(),
-                              "bandwidth": "read + written bytes per second of a large array copy"}
+  recs, p = [], wl.prompts[0]
+  for dtype in ("float32", "bfloat16"):
+    model = target if dtype == "float32" else targets.load(path, dtype=dtype)
+    recs += [dataclasses.replace(r, axes={**r.axes, "dtype": dtype}, workload=wl.name,
+                                 prompt=p.id,
+                                 extra={**r.extra, "weight_bytes": costs.weight_bytes(model)})
+             for r in costs.steady(model, {runner.PLAIN: None}, [_ids(target, p)],
+                                   max(s.steady_tokens, 8), s.repeats, study="real-floor")]
+  return recs, {"bandwidth_bytes_per_s": costs.memory_bandwidth(),
+                "bandwidth": "read + written bytes per second of a large array copy"}
 
 
 def verify_section(target, wl, s: Settings) -> list:
