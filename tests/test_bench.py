@@ -212,7 +212,9 @@ def test_device_costs_and_breakeven(pair_models):
   rows = device.rows(part, recs, k=2)
   assert set(rows) == {"1", "2"}
   for B, row in rows.items():
-    assert row["step_ms"] > 0 and row["loop_step_ms"] > 0 and row["draft_over_step"] > 0
+    # The in-loop step is a difference of two timed runs (costs.steady): finite, its sign
+    # at the mercy of a loaded machine at one repeat; the single calls are timed whole.
+    assert row["step_ms"] > 0 and np.isfinite(row["loop_step_ms"]) and row["draft_over_step"] > 0
     for k in (1, 2):
       v = row["verify_over_step"][str(k)]
       assert row["breakeven_tau"][str(k)] == pytest.approx(v + k * row["draft_over_step"])

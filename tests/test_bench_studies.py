@@ -148,7 +148,8 @@ def test_suffix_and_lookahead_on_conversations(tiny_gguf):
   assert ran.mismatches == []
   assert [(r.method, r.prompt) for r in ran.records[:3]] == [
       ("plain", "a"), ("ngram", "a"), ("suffix", "a")]
-  assert [r.axes["turn"] for r in ran.records] == [1] * 6 + [2] * 6
+  # A conversation's turns in a row, then the next conversation (batch 1).
+  assert [r.axes["turn"] for r in ran.records] == ([1] * 3 + [2] * 3) * 2
   assert all(r.equal is True for r in ran.records if r.method != "plain")
   tables = suffix.tables(ran.records)
   assert "| `suffix` |" in tables["suffix over n-gram, by turn"]
