@@ -22,6 +22,7 @@ from jspec.planner import call_times, cost_model
 from jspec.tools import profile
 from jspec.core.drafter import DraftContext
 from jspec.drafters.draft_model import SYNC_CHUNK
+from jspec.drafters.suffix import SuffixMemory
 from reference import assert_counts_match
 
 # Costs under which a mediocre draft flips between K = 0 and K >= 1 as the estimate
@@ -490,6 +491,27 @@ class Oracle:
 
   def propose(self, state, context, num_drafts, params, keys):
     return self.lookup(context, num_drafts)[0], None, state
+
+
+@pytest.mark.parametrize("longest", [100, 200, 500])
+def test_lookup_over_the_live_span_equals_the_whole_buffer(longest):
+  """`dynamic.lookup_window` looks up over the shortest span (128, 256, 512 of a 512-slot
+  buffer on CPU) that holds every row's committed tokens: the same drafts and counts as
+  over the whole buffer, whatever the scratch past each row holds."""
+  V, S, K = 6, 512, 4
+  rng = np.random.default_rng(longest)
+  tokens = jnp.asarray(rng.integers(0, V, (4, S)), jnp.int32)  # scratch past L: junk
+  lengths = jnp.asarray([1, 3, longest // 2, longest], jnp.int32)
+  memory = SuffixMemory(jnp.asarray(rng.integers(-1, V, (64,)), jnp.int32))
+  drafters = [jspec.NGram(vocab_size=V), jspec.NGram(vocab_size=V, drafts_per_ngram=None),
+              jspec.Datastore.from_sequences([list(rng.integers(0, V, 50))], V),
+              jspec.Suffix(vocab_size=V, memory=memory)]
+  for drafter in drafters:
+    want = jax.jit(lambda t, n: drafter.lookup(DraftContext(tokens=t, lengths=n), K))(
+        tokens, lengths)
+    got = jax.jit(lambda t, n: dynamic.lookup_window(drafter, t, n, K))(tokens, lengths)
+    for w, g in zip(want, got):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=type(drafter).__name__)
 
 
 @pytest.mark.slow
