@@ -2,12 +2,21 @@
 
 A small policy is trained with a PPO-style clipped objective on a toy reward (the
 fraction of its sampled tokens whose ids lie below V/4). Each step is ONE jitted
-`train_step`: speculative sampling of a batch of rollouts (`decode.init_state` +
-`decode.decode_loop`, K drafts, temperature 1) that records the log-probability of
-every sampled token, then a few adam steps on the clipped ratio
-exp(logp_new - logp_rollout) through `policy.logits` on prompt + sample. The
-recorded log-probabilities are the behaviour policy's: no second forward pass is
-needed to get them, and the first step checks they equal a fresh forward's.
+`train_step`: speculative sampling of N rollouts (K drafts, temperature 1) that
+records the log-probability of every sampled token, then a few adam steps on the
+clipped ratio exp(logp_new - logp_rollout) through `policy.logits` on each
+rollout's prompt + sample. The recorded log-probabilities are the behaviour
+policy's: no second forward pass is needed to get them, and the first step checks
+they equal a fresh forward's.
+
+Rollout lengths are long-tailed, as in RL (each step draws every rollout's answer
+length from a lognormal around 6 tokens, capped at max_new_tokens). In a fixed
+batch a finished row would keep computing until the batch's longest rollout ends;
+here the N rollouts run through B < N slots on the library's continuous-batching
+queue (`jspec.core.slots.decode_queue`, the loop of `jspec.generate_many`): a
+rollout that ends frees its slot for the next one, inside the same compiled step.
+The lengths are a traced array, so new lengths, like new weights, reuse the
+program.
 
 The drafter is a `jspec.DraftModel` of a frozen copy of the initial policy, the
 classic setup in which the drafter goes stale while the policy drifts. Params (of
@@ -19,11 +28,12 @@ compiled program.
 What it shows: the step compiles once; the reward rises from about 0.25 (a random
 policy's share of the low ids) as the policy learns; acceptance alpha starts near
 1 (the drafter is the policy) and falls as the policy drifts away from its stale
-drafter, and tokens per target call tau falls with it (from 4, the most 16 tokens
-in rounds of K + 1 = 5 allow, towards 1). With `--refresh-drafter N` the drafter
-takes the policy's weights every N steps, as RL systems refresh their draft
-weights, and acceptance climbs back after each refresh, still with one compile.
-Sampling stays exact whatever the drafter proposes: only the speed depends on it.
+drafter, and tokens per target call tau (new tokens over target rounds, summed
+over the rollouts) falls with it, towards 1. With `--refresh-drafter N` the
+drafter takes the policy's weights every N steps, as RL systems refresh their
+draft weights, and acceptance climbs back after each refresh, still with one
+compile. Sampling stays exact whatever the drafter proposes: only the speed
+depends on it.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import optax
 
 import jspec
 from jspec.core import decode
-from jspec.core import logprobs as logprobs_lib
+from jspec.core import slots as slots_lib
 from jspec.models import TransformerConfig
 
 TRACES = 0  # times train_step's Python body ran: one per compilation
@@ -51,11 +61,12 @@ class Settings:
   """Sizes of one run; the defaults finish in well under a minute on a 2-core CPU."""
 
   steps: int = 12  # rollout + update steps
-  batch_size: int = 16
+  rollouts: int = 32  # N rollouts per step
+  slots: int = 8  # B rows they run through (a finished rollout frees its row)
   prompt_len: int = 6  # prompts have 3..prompt_len tokens
-  max_new_tokens: int = 16
+  max_new_tokens: int = 16  # cap on a rollout's drawn answer length
   num_draft_tokens: int = 4
-  inner_steps: int = 4  # adam steps on each batch of rollouts
+  inner_steps: int = 4  # adam steps on each step's rollouts
   learning_rate: float = 1e-2
   clip: float = 0.2  # PPO ratio clip
   refresh_drafter: int = 0  # copy the policy into the drafter every this many steps (0: frozen)
@@ -75,62 +86,74 @@ def decode_config(s: Settings) -> decode.DecodeConfig:
                              logprobs=jspec.Logprobs())  # processed p: what the token was drawn from
 
 
-def rollout(policy, drafter, prompts, prompt_lengths, seeds, temperature, s: Settings):
-  """Speculative sampling of max_new_tokens per row; the final `DecodeState`
-  (tokens and log-probabilities slot by slot, `stats`). temperature: a scalar,
-  traced, so greedy (0) and sampled (1) share one program."""
-  config = decode_config(s)
-  B = prompts.shape[0]
-  params = jspec.SamplingParams(temperature=jnp.full((B,), temperature, jnp.float32),
-                                top_k=jnp.zeros((B,), jnp.int32),
-                                top_p=jnp.ones((B,), jnp.float32))
-  state = decode.init_state(policy, drafter, prompts, prompt_lengths,
-                            jnp.full((B,), s.max_new_tokens, jnp.int32), params,
-                            eos_ids=jnp.full((1,), -1, jnp.int32),  # no stop id: fixed length
-                            seeds=seeds, config=config)
-  return decode.decode_loop(policy, drafter, state, config)
+def rollout(policy, drafter, prompts, prompt_lengths, max_new, seeds, temperature,
+            s: Settings) -> slots_lib.Results:
+  """Speculative sampling of max_new[n] tokens for each of the N prompts, through
+  `s.slots` rows. Results in queue order: tokens [N, M] (-1 past each end), lengths
+  [N], stats [N] rows, log-probability records [N, M] (record j: the token at
+  prompt_lengths[n] + j). temperature: a scalar, traced, so greedy (0) and sampled
+  (1) share one program."""
+  N = prompts.shape[0]
+  params = jspec.SamplingParams(temperature=jnp.full((N,), temperature, jnp.float32),
+                                top_k=jnp.zeros((N,), jnp.int32),
+                                top_p=jnp.ones((N,), jnp.float32))
+  queue = slots_lib.Queue(tokens=prompts, prompt_lengths=prompt_lengths, max_new=max_new,
+                          seeds=seeds, params=params)
+  results, _ = slots_lib.decode_queue(policy, drafter, queue, jnp.int32(N),
+                                      jnp.full((1,), -1, jnp.int32),  # no stop id: drawn lengths
+                                      decode_config(s), s.slots, s.max_new_tokens)
+  return results
 
 
-def sample(policy, drafter, prompts, prompt_lengths, seeds, temperature, s: Settings):
-  """`rollout`'s new tokens [B, S] and their log-probabilities [B, S], left-aligned."""
-  state = rollout(policy, drafter, prompts, prompt_lengths, seeds, temperature, s)
-  tokens, lengths = decode.output_tokens(state)
-  lp = logprobs_lib.output(state.logprobs, state.prompt_lengths, state.lengths)
-  return tokens, lp.chosen, lengths
+def sequences(prompts, prompt_lengths, tokens, lengths):
+  """Each rollout's prompt then its sample, [N, P + M], and the mask [N, P + M] of its
+  own new tokens. The sample starts right after the prompt's own length (prompts are
+  right-padded), so the forward sees no gap; past a rollout's end: id 0."""
+  N, P = prompts.shape
+  M = tokens.shape[1]
+  t = jnp.arange(P + M, dtype=jnp.int32)[None, :]  # [1, P + M]
+  j = t - prompt_lengths[:, None]  # [N, P + M] index into the sample
+  mask = (j >= 0) & (j < lengths[:, None])
+  sample = jnp.take_along_axis(tokens, jnp.clip(j, 0, M - 1), axis=1)  # [N, P + M]
+  prompt = jnp.pad(prompts, ((0, 0), (0, M)))  # [N, P + M]
+  seq = jnp.where(mask, sample, jnp.where(j < 0, prompt, 0))
+  return seq, mask
 
 
 def token_logprobs(policy: jspec.Model, params, tokens):
-  """log p(tokens[:, t] | tokens[:, :t]) for t = 1..S-1: [B, S-1], one cache-free forward.
-  tokens is the state's slot buffer (prompt then sample; causal, so the scratch past
-  each row's end changes nothing before it)."""
-  logits = dataclasses.replace(policy, params=params).logits(tokens)[:, :-1]  # [B, S-1, V]
+  """log p(tokens[:, t] | tokens[:, :t]) for t = 1..S-1: [N, S-1], one cache-free forward
+  (causal, so the padding past each rollout's end changes nothing before it)."""
+  logits = dataclasses.replace(policy, params=params).logits(tokens)[:, :-1]  # [N, S-1, V]
   lp = jax.nn.log_softmax(logits, axis=-1)
   return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[:, :, 0]
 
 
 def make_train_step(s: Settings, optimizer: optax.GradientTransformation):
-  """The jitted step: (policy, drafter, opt_state, prompts, prompt_lengths, seeds) ->
-  (policy, opt_state, metrics). Settings and optimizer are static; weights traced."""
+  """The jitted step: (policy, drafter, opt_state, prompts, prompt_lengths, max_new,
+  seeds) -> (policy, opt_state, metrics). Settings and optimizer are static; weights
+  and the drawn lengths traced."""
 
   @jax.jit
-  def train_step(policy, drafter, opt_state, prompts, prompt_lengths, seeds):
+  def train_step(policy, drafter, opt_state, prompts, prompt_lengths, max_new, seeds):
     global TRACES
     TRACES += 1
-    state = rollout(policy, drafter, prompts, prompt_lengths, seeds, 1.0, s)
-    tokens, S = state.tokens, state.tokens.shape[1]
-    # The log-prob buffer is slot-aligned with `tokens`, so slot t's record is
-    # the behaviour log-prob of tokens[:, t]: drop slot 0 to align with the forward.
-    old_lp = state.logprobs.chosen[:, 1:]  # [B, S-1]
-    slot = jnp.arange(1, S, dtype=jnp.int32)[None, :]
-    mask = (slot >= state.prompt_lengths[:, None]) & (slot < state.lengths[:, None])
+    results = rollout(policy, drafter, prompts, prompt_lengths, max_new, seeds, 1.0, s)
+    seq, mask = sequences(prompts, prompt_lengths, results.tokens, results.lengths)
+    M = results.tokens.shape[1]
+    # Record j of rollout n is the behaviour log-prob of seq[n, prompt_lengths[n] + j]:
+    # the same gather as the sample's, then drop position 0 to align with the forward.
+    j = jnp.arange(seq.shape[1], dtype=jnp.int32)[None, :] - prompt_lengths[:, None]
+    old_lp = jnp.take_along_axis(results.logprobs.chosen, jnp.clip(j, 0, M - 1), axis=1)
+    mask = mask[:, 1:]  # [N, S-1]; prompts have >= 1 token, so nothing is lost
     maskf = mask.astype(jnp.float32)
-    count = jnp.sum(maskf, axis=1)  # [B] tokens generated per row
-    hits = (tokens[:, 1:] < s.vocab_size // 4).astype(jnp.float32)
-    reward = jnp.sum(hits * maskf, axis=1) / count  # [B]
-    advantage = (reward - jnp.mean(reward))[:, None]  # batch-mean baseline, per row
+    old_lp = jnp.where(mask, old_lp[:, 1:], 0.0)  # [N, S-1]
+    count = jnp.sum(maskf, axis=1)  # [N] tokens generated per rollout
+    hits = (seq[:, 1:] < s.vocab_size // 4).astype(jnp.float32)
+    reward = jnp.sum(hits * maskf, axis=1) / jnp.maximum(count, 1.0)  # [N]
+    advantage = (reward - jnp.mean(reward))[:, None]  # mean over the N rollouts as baseline
 
     def loss_fn(params):
-      ratio = jnp.exp(token_logprobs(policy, params, tokens) - old_lp)
+      ratio = jnp.exp(token_logprobs(policy, params, seq) - old_lp)
       clipped = jnp.clip(ratio, 1.0 - s.clip, 1.0 + s.clip)
       surrogate = jnp.minimum(ratio * advantage, clipped * advantage)
       return -jnp.sum(surrogate * maskf) / jnp.sum(maskf)
@@ -145,14 +168,14 @@ def make_train_step(s: Settings, optimizer: optax.GradientTransformation):
         params = optax.apply_updates(params, updates)
       return (params, opt_state), loss
 
-    # The rollout's records against a fresh forward of the same (pre-update) params.
-    fresh = token_logprobs(policy, policy.params, tokens)
+    # The rollouts' records against a fresh forward of the same (pre-update) params.
+    fresh = token_logprobs(policy, policy.params, seq)
     logprob_err = jnp.max(jnp.abs(fresh - old_lp) * maskf)
     (params, opt_state), losses = jax.lax.scan(update, (policy.params, opt_state), None,
                                                length=s.inner_steps)
-    stats = state.stats
+    stats = results.stats  # [N] rows: each rollout's own rounds, counted from its insertion
     # Drafts accepted among those judged, from the per-round histogram: `stats.accepted`
-    # counts committed drafts only, and the last round's are cut at max_new_tokens.
+    # counts committed drafts only, and a rollout's last round is cut at its length.
     judged = jnp.maximum(jnp.sum(stats.position_judged), 1).astype(jnp.float32)
     accepted = jnp.sum(stats.position_accepted).astype(jnp.float32)
     metrics = {
@@ -161,7 +184,8 @@ def make_train_step(s: Settings, optimizer: optax.GradientTransformation):
         "logprob_err": logprob_err,
         "loss": losses[0],
         "alpha": accepted / judged,
-        "tau": jnp.sum(count) / jnp.sum(stats.target_calls).astype(jnp.float32),
+        "tau": jnp.sum(results.lengths).astype(jnp.float32)
+               / jnp.sum(stats.target_calls).astype(jnp.float32),
     }
     return dataclasses.replace(policy, params=params), opt_state, metrics
 
@@ -169,12 +193,18 @@ def make_train_step(s: Settings, optimizer: optax.GradientTransformation):
 
 
 def make_prompts(s: Settings, step: int):
-  """Right-padded random prompts of 3..prompt_len tokens, fresh each step."""
+  """Right-padded random prompts of 3..prompt_len tokens and each rollout's answer
+  length, fresh each step: prompts [N, P], prompt lengths [N], max_new [N]. The
+  lengths are long-tailed: lognormal with median 6, at least 2, at most max_new_tokens."""
   rng = np.random.default_rng((s.seed, step))
-  lengths = rng.integers(3, s.prompt_len + 1, size=s.batch_size)
-  prompts = rng.integers(0, s.vocab_size, size=(s.batch_size, s.prompt_len))
+  N = s.rollouts
+  lengths = rng.integers(3, s.prompt_len + 1, size=N)
+  prompts = rng.integers(0, s.vocab_size, size=(N, s.prompt_len))
   prompts = np.where(np.arange(s.prompt_len)[None, :] < lengths[:, None], prompts, 0)
-  return jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32)
+  drawn = np.round(rng.lognormal(mean=np.log(6.0), sigma=0.8, size=N))
+  max_new = np.clip(drawn, 2, s.max_new_tokens)
+  return (jnp.asarray(prompts, jnp.int32), jnp.asarray(lengths, jnp.int32),
+          jnp.asarray(max_new, jnp.int32))
 
 
 def run(s: Settings = Settings(), *, log: Callable[[str], None] | None = print) -> list[dict]:
@@ -187,19 +217,23 @@ def run(s: Settings = Settings(), *, log: Callable[[str], None] | None = print) 
   train_step = make_train_step(s, optimizer)
   first_trace, history, t0 = TRACES, [], time.perf_counter()
   for step in range(s.steps):
-    prompts, lengths = make_prompts(s, step)
-    seeds = jnp.arange(step * s.batch_size, (step + 1) * s.batch_size, dtype=jnp.int32)
+    prompts, lengths, max_new = make_prompts(s, step)
+    seeds = jnp.arange(step * s.rollouts, (step + 1) * s.rollouts, dtype=jnp.int32)
     if s.refresh_drafter and step and step % s.refresh_drafter == 0:
       # New drafter weights of the same shapes: arguments of the step, so no recompile.
       drafter = jspec.DraftModel(policy)
-    policy, opt_state, metrics = train_step(policy, drafter, opt_state, prompts, lengths, seeds)
+    policy, opt_state, metrics = train_step(policy, drafter, opt_state, prompts, lengths,
+                                            max_new, seeds)
     entry = {"step": step, **{k: float(v) for k, v in metrics.items()},
-             "traces": TRACES - first_trace, "policy": policy}
+             "mean_len": float(jnp.mean(max_new)), "longest": int(jnp.max(max_new)),
+             "traces": TRACES - first_trace,
+             "policy": policy}
     history.append(entry)
     if log is not None:
       check = f"  |logp - fresh| {entry['logprob_err']:.1e}" if step == 0 else ""
       log(f"step {step:3d}  reward {entry['reward']:.3f}  logp {entry['logprob']:.3f}  "
-          f"alpha {entry['alpha']:.3f}  tau {entry['tau']:.2f}  traces {entry['traces']}"
+          f"alpha {entry['alpha']:.3f}  tau {entry['tau']:.2f}  "
+          f"lengths {entry['mean_len']:.1f} mean, {entry['longest']} max  traces {entry['traces']}"
           f"{check}  ({time.perf_counter() - t0:.1f}s)")
   return history
 
