@@ -55,6 +55,7 @@ _EXPORTS = {
     "Engine": "jspec.planner.engine",
     "generate_many": "jspec.planner.many",
     "generate_text": "jspec.io.text",
+    "release_caches": "jspec.planner.workspace",
     "load": "jspec.io.checkpoint",
     "load_drafter": "jspec.io.drafter_layouts",
     "save": "jspec.io.checkpoint",

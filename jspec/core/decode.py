@@ -145,7 +145,7 @@ class DecodeState:
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
                params: sampling.SamplingParams | None, eos_ids, seeds, config: DecodeConfig,
                constraint: constrained.ConstraintRows | None = None,
-               caps=None) -> DecodeState:
+               caps=None, cache=None) -> DecodeState:
   """Prefill target and drafter and build the initial state.
 
   tokens [B, P] int32 right-padded prompts; prompt_lengths [B] in 1..P;
@@ -156,6 +156,9 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   The prompt itself is not checked against the constraint: it constrains the new tokens
   only. caps: optional
   [B] int32, the most drafts each row's chain rounds judge (`DecodeState.caps`).
+  cache: the target cache to decode in (`target.init_cache(B, S)`'s shapes; donate it),
+  or None for a new one. What its slots hold is never read before the prefill or a
+  round writes them (attention masks each row's slots at and past its length).
   """
   if caps is not None and config.tree is not None:
     raise ValueError("per-row caps on K are for chains: a tree's shape is the batch's")
@@ -169,7 +172,8 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens,
   tokens = tokens.astype(jnp.int32)
   prompt_lengths = prompt_lengths.astype(jnp.int32)
   buffer = jnp.zeros((B, S), jnp.int32).at[:, :P].set(tokens)
-  cache = sharding.constrain_cache(target, target.init_cache(B, S), config.layout)
+  cache = target.init_cache(B, S) if cache is None else cache
+  cache = sharding.constrain_cache(target, cache, config.layout)
   hidden = prompt_ids = None
   observing = isinstance(drafter, PromptObservingDrafter)
   if P > 1:  # all-length-1 batches have nothing to prefill (static skip)

@@ -66,7 +66,7 @@ class AutoState:
 
 def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, params, eos_ids,
                seeds, costs, config: decode.DecodeConfig, auto: AutoK,
-               constraint=None, catch_up=0.0, caps=None) -> AutoState:
+               constraint=None, catch_up=0.0, caps=None, cache=None) -> AutoState:
   """`decode.init_state` for a dynamic loop (config K = the largest choice).
 
   A drafter that can `sync` is not prefilled here: its state is made from the
@@ -79,14 +79,14 @@ def init_state(target: Model, drafter, tokens, prompt_lengths, max_new_tokens, p
   target, drafter = decode.prepared(target, drafter)
   if lazy:
     state = decode.init_state(target, None, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config, constraint, caps)
+                              eos_ids, seeds, config, constraint, caps, cache)
     B = tokens.shape[0]
     drafter_state = drafter.init(tokens[:, :1], jnp.ones((B,), jnp.int32), config.cache_length)
     state = dataclasses.replace(state, drafter_state=drafter_state)
     synced = jnp.zeros((B,), jnp.int32)
   else:  # as a fixed-K call at the largest K (feature drafters get F = max K + 1 entries)
     state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new_tokens, params,
-                              eos_ids, seeds, config, constraint, caps)
+                              eos_ids, seeds, config, constraint, caps, cache)
     synced = jnp.maximum(prompt_lengths.astype(jnp.int32) - 1, 0)
   costs = jnp.asarray(costs, jnp.float32).reshape(len(auto.choices))
   zero = jnp.zeros((tokens.shape[0],), jnp.float32)

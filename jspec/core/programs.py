@@ -11,7 +11,10 @@ lengths [B] int32, stats (`DecodeStats`), records (`logprobs.output`, or None), 
 (a `RememberingDrafter`'s `remembered` state after the loop, or None); `fixed` adds
 recorded [B, S, F] (`DecodeConfig.record`: the recorded layers at every slot of each
 row's prompt and output, filled for slots 0..L-2; None when off), `auto` adds rounds
-[len(choices)] int32, the rounds run at each K.
+[len(choices)] int32, the rounds run at each K. Both take `cache`, the target cache to
+decode in (donated; None: the program allocates one) and return it last (None when
+none was given), so a caller can hand one call's memory to the next
+(`jspec.planner.workspace`).
 """
 
 from __future__ import annotations
@@ -27,31 +30,33 @@ def _records(state: decode.DecodeState):
   return logprobs.output(state.logprobs, state.prompt_lengths, state.lengths)
 
 
-@compilation.program(static_argnames=("config",))
+@compilation.program(static_argnames=("config",), donate_argnames=("cache",))
 def fixed(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
-          channel, config: decode.DecodeConfig):
+          channel, cache, config: decode.DecodeConfig):
   """tokens [B, P] int32 right-padded prompts; prompt_lengths, max_new, seeds [B] int32;
   params: `SamplingParams` or None (all greedy); eos_ids [E]; constraint:
   `ConstraintRows` or None; channel [] int32 for `config.stream`."""
   state = decode.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                            seeds, config, constraint)
+                            seeds, config, constraint, cache=cache)
   state = decode.decode_loop(target, drafter, state, config, channel)
   out, new_lengths = decode.output_tokens(state)
   return (out, new_lengths, state.stats, _records(state),
-          remembered(drafter, state.drafter_state), state.recorded)
+          remembered(drafter, state.drafter_state), state.recorded,
+          None if cache is None else state.target_cache)
 
 
-@compilation.program(static_argnames=("config", "auto"))
+@compilation.program(static_argnames=("config", "auto"), donate_argnames=("cache",))
 def auto(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids, seeds, constraint,
-         channel, costs, catch_up, config: decode.DecodeConfig, auto):
+         channel, cache, costs, catch_up, config: decode.DecodeConfig, auto):
   """As `fixed`, with costs [len(auto.choices)] f32 the round costs at each K and
   catch_up [] f32 what one catch-up call of the drafter costs, in the same unit."""
   state = dynamic.init_state(target, drafter, tokens, prompt_lengths, max_new, params, eos_ids,
-                             seeds, costs, config, auto, constraint, catch_up)
+                             seeds, costs, config, auto, constraint, catch_up, cache=cache)
   state = dynamic.decode_loop(target, drafter, state, config, auto, channel)
   out, new_lengths = decode.output_tokens(state.decode)
   return (out, new_lengths, state.decode.stats, _records(state.decode),
-          remembered(drafter, state.decode.drafter_state), state.schedule.rounds)
+          remembered(drafter, state.decode.drafter_state), state.schedule.rounds,
+          None if cache is None else state.decode.target_cache)
 
 
 @compilation.program(static_argnames=("config", "slots", "width"))

@@ -28,7 +28,7 @@ from jspec.core.drafter import remembered
 from jspec.core.model import Model
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.core.tree import Tree
-from jspec.planner import inputs, outputs, placement, plan, streams
+from jspec.planner import inputs, outputs, placement, plan, streams, workspace
 from jspec.planner.outputs import GenerateOutput
 
 __all__ = ["GenerateOutput", "generate", "speculative_generate"]
@@ -216,17 +216,20 @@ def _run(target: Model, speculation: plan.Speculation | None, prompts, max_new_t
                                stream=None if stream is None else streams.deliver,
                                record=record)
   listening = contextlib.nullcontext(0) if stream is None else streams.channel(stream)
+  cache = (workspace.take(target, request.batch, request.cache_length)
+           if workspace.active(layout) else None)
   with listening as channel:
     args = (target, drafter, rows.tokens, rows.lengths, rows.max_new, rows.params,
-            rows.eos_ids, rows.seeds, rows.constraint, np.int32(channel))
+            rows.eos_ids, rows.seeds, rows.constraint, np.int32(channel), cache)
     if auto is None:
-      *result, recorded = programs.fixed(*args, config=config)
+      *result, recorded, cache = programs.fixed(*args, config=config)
       rounds = None
     else:
-      *result, rounds = programs.auto(*args, jnp.asarray(costs.costs, jnp.float32),
-                                      jnp.asarray(costs.catch_up, jnp.float32), config=config,
-                                      auto=auto)
+      *result, rounds, cache = programs.auto(*args, jnp.asarray(costs.costs, jnp.float32),
+                                             jnp.asarray(costs.catch_up, jnp.float32),
+                                             config=config, auto=auto)
       recorded = None
+    workspace.keep(cache)
     out, new_lengths, stats, records, returned, rounds, recorded = placement.gathered(
         layout, (*result, rounds, recorded))
   memory = memory if returned is None else returned
