@@ -20,9 +20,10 @@ V = 64
 
 def _poison_kept():
   """Replace the kept cache's values by large ones (same shapes: it stays usable)."""
-  key, cache = workspace._kept
-  workspace._kept = (key, jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e3), cache))
-  return workspace._kept[1]
+  (key, cache), = workspace._kept
+  poisoned = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e3), cache)
+  workspace._kept[:] = [(key, poisoned)]
+  return poisoned
 
 
 def _fresh(call):
@@ -53,7 +54,7 @@ def test_kept_cache_contents_are_never_read(target, close_draft, case, temperatu
               seed=3, return_logprobs=True, **kwargs)
 
   expected = _fresh(call)
-  assert workspace._kept is not None  # the call handed its cache back
+  assert len(workspace._kept) == 1  # the call handed its cache back
   poisoned = _poison_kept()
   got = call()
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))
@@ -65,15 +66,33 @@ def test_kept_cache_contents_are_never_read(target, close_draft, case, temperatu
   assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(poisoned))
 
 
-def test_one_cache_kept_of_the_last_shape_and_released(target):
-  prompts = [[1, 2, 3], [4, 5]]
+def _call(target, cache_length):
+  jspec.generate(target, [[1, 2, 3], [4, 5]], max_new_tokens=4, cache_length=cache_length)
+
+
+def test_two_shapes_kept_the_least_recent_dropped_and_released(target):
   workspace.release_caches()
-  jspec.generate(target, prompts, max_new_tokens=4, cache_length=32)
-  first_key, first = workspace._kept
-  jspec.generate(target, prompts, max_new_tokens=4, cache_length=64)  # another shape
-  key, kept = workspace._kept
-  assert key != first_key  # the last call's cache replaced the other shape's
-  assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(first))  # not donated
-  held = sum(x.nbytes for x in jax.tree_util.tree_leaves(kept))
+  _call(target, 32)
+  (k32, c32), = workspace._kept
+  _call(target, 64)
+  assert [k for k, _ in workspace._kept][1] == k32  # both kept, the last first
+  _call(target, 32)  # takes the kept one: donated to the call, handed back
+  assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(c32))
+  assert workspace._kept[0][0] == k32 and len(workspace._kept) == 2
+  (k64, c64) = workspace._kept[1]
+  _call(target, 96)  # a third shape: the least recently used (64) is dropped, not donated
+  assert [k for k, _ in workspace._kept][1:] == [k32] and len(workspace._kept) == 2
+  assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(c64))
+  held = sum(x.nbytes for _, c in workspace._kept for x in jax.tree_util.tree_leaves(c))
   assert jspec.release_caches() == held > 0
-  assert workspace._kept is None and jspec.release_caches() == 0
+  assert workspace._kept == [] and jspec.release_caches() == 0
+
+
+def test_kept_caches_dropped_before_passing_half_the_memory(target, monkeypatch):
+  workspace.release_caches()
+  _call(target, 32)
+  one = sum(x.nbytes for x in jax.tree_util.tree_leaves(workspace._kept[0][1]))
+  monkeypatch.setattr(workspace, "_memory", lambda: 3 * one)  # room for one, not two
+  _call(target, 40)
+  assert len(workspace._kept) == 1  # the 32-slot cache was dropped before allocating
+  workspace.release_caches()

@@ -12,23 +12,27 @@ past a row's length, as it masks the right padding of a batch's shorter prompts,
 the prefill writes every slot below it. (tests/test_workspace.py fills the kept cache
 with large values and checks the next call's tokens and log-probabilities unchanged.)
 
-One cache is kept, the last call's, so what is held never exceeds what the last call
-used; `jspec.release_caches()` drops it. A call that finds the kept cache
-of another shape replaces it. On GPU and TPU nothing is kept: XLA's allocator already
-reuses device memory there, a fresh cache costs one memset, and a kept cache would hold
-memory the user's other arrays may need. On a mesh neither: the program allocates its
-cache where the layout puts it.
+The caches of the two most recent shapes are kept (a loop that alternates two shapes,
+rollouts at one batch and evaluation at another, pays for neither after the first time);
+a third shape replaces the older. Before a new cache is allocated, the kept ones are
+dropped if together with it they would pass half the machine's memory. So what stays
+held is at most what the last two calls used; `jspec.release_caches()` drops it. On GPU
+and TPU nothing is kept: XLA's allocator already reuses device memory there, a fresh
+cache costs one memset, and a kept cache would hold memory the user's other arrays may
+need. On a mesh neither: the program allocates its cache where the layout puts it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
 import jax.numpy as jnp
 
+KEEP = 2  # shapes kept, most recent first
 _lock = threading.Lock()
-_kept: tuple | None = None  # (key, cache) of the last call
+_kept: list = []  # [(key, cache)], the most recently used first
 
 
 def active(layout) -> bool:
@@ -41,33 +45,45 @@ def _key(tree) -> tuple:
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
+def _bytes(tree) -> int:
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _memory() -> int:
+  """The machine's physical memory in bytes (0 where the system does not say)."""
+  try:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return 0
+
+
 def take(target, batch: int, length: int):
-  """A cache for `target` at `batch` rows x `length` slots: the kept one when its shape
+  """A cache for `target` at `batch` rows x `length` slots: a kept one when its shape
   matches (taken, so two calls at once never share one), else a new zeroed one."""
-  global _kept
   shape = jax.eval_shape(lambda: target.init_cache(batch, length))
   key = _key(shape)
   with _lock:
-    if _kept is not None and _kept[0] == key:
-      cache, _kept = _kept[1], None
-      return cache
+    for i, (k, cache) in enumerate(_kept):
+      if k == key:
+        del _kept[i]
+        return cache
+    if _kept and 2 * (_bytes(shape) + sum(_bytes(c) for _, c in _kept)) > _memory():
+      _kept.clear()  # room for the new one before holding more
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
 
 
 def keep(cache) -> None:
-  """Keep `cache` (a program's returned cache) for the next call, in place of any other."""
-  global _kept
+  """Keep `cache` (a program's returned cache) for the next call of its shape; the
+  least recently used beyond KEEP shapes is dropped."""
   if cache is None:
     return
+  key = _key(cache)
   with _lock:
-    _kept = (_key(cache), cache)
+    _kept[:] = [(key, cache)] + [(k, c) for k, c in _kept if k != key][:KEEP - 1]
 
 
 def release_caches() -> int:
-  """Drop the kept cache; returns the bytes it held (0 when none was kept)."""
-  global _kept
+  """Drop the kept caches; returns the bytes they held (0 when none was kept)."""
   with _lock:
-    kept, _kept = _kept, None
-  if kept is None:
-    return 0
-  return int(sum(x.nbytes for x in jax.tree_util.tree_leaves(kept[1])))
+    held, _kept[:] = list(_kept), []
+  return sum(_bytes(c) for _, c in held)
