@@ -28,9 +28,8 @@ import time
 import numpy as np
 
 import jspec
-from jspec.bench import metrics as M
 from jspec.bench import records as R
-from jspec.bench import targets, workloads
+from jspec.bench import report, targets, workloads
 
 METHODS = ("plain", "ngram4", "auto")
 
@@ -77,17 +76,6 @@ def _serve(engine, prompts, arrivals, max_new, **fields):
   return recs, dict(runs_by_batch=batches, rounds_by_k=by_k), [o.tokens for o in outs]
 
 
-def summary(recs) -> dict:
-  """One run's figures from its request records: output tokens/s from the first arrival to
-  the last answer, TTFT and TPOT percentiles, tau."""
-  tokens = sum(r.tokens for r in recs)
-  ttft = M.percentiles([M.ttft(r) for r in recs], (50, 99))
-  tpot = M.percentiles([x for x in (M.tpot(r) for r in recs) if x is not None], (50, 99))
-  return dict(tokens_per_s=tokens / M.span(recs), tokens=tokens, ttft_p50=ttft["p50"],
-              ttft_p99=ttft["p99"], tpot_p50=tpot["p50"], tpot_p99=tpot["p99"],
-              tau=M.tau(recs))
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rates", default="0.2,1,4", help="requests per second")
@@ -127,7 +115,7 @@ def main(argv=None):
         served[m], runs[f"{w}/{rate:g}/{m}"], answers[m] = _serve(
             engines[m], prompts, arrivals, args.max_new, method=m, workload=w,
             axes={"rate": rate, "temperature": 0.0})
-        res, run = summary(served[m]), runs[f"{w}/{rate:g}/{m}"]
+        res, run = report.load_figures(served[m]), runs[f"{w}/{rate:g}/{m}"]
         print(f"{w} {rate:g} req/s {m}: {res['tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
               f"{res['ttft_p50']:.2f}/{res['ttft_p99']:.2f} s, TPOT p50/p99 "
               f"{1000 * res['tpot_p50']:.0f}/{1000 * res['tpot_p99']:.0f} ms, tau "
@@ -143,27 +131,9 @@ def main(argv=None):
   for e in engines.values():
     e.close()
   print()
-  print(table(recs, runs))
+  print(report.engine_load({"runs": runs}, recs))
   if args.json:
     R.write(args.json, R.header("engine-load", vars(args), runs=runs), recs)
-
-
-def table(recs, runs: dict) -> str:
-  """The load table: per workload, rate and method, from the request records."""
-  from jspec.bench.report import markdown
-
-  rows = [["workload", "req/s", "method", "tok/s", "x plain", "TTFT p50 / p99 s",
-           "TPOT p50 / p99 ms", "tau", "rounds by K"]]
-  for (w, rate, m), mine in M.group(recs, "workload", "rate", "method").items():
-    res = summary(mine)
-    plain = M.select(recs, workload=w, rate=rate, method="plain")
-    ratio = res["tokens_per_s"] / summary(plain)["tokens_per_s"] if plain else float("nan")
-    by_k = runs[f"{w}/{rate:g}/{m}"]["rounds_by_k"]
-    rows.append([w, f"{rate:g}", m, f"{res['tokens_per_s']:.1f}", f"{ratio:.2f}",
-                 f"{res['ttft_p50']:.2f} / {res['ttft_p99']:.2f}",
-                 f"{1000 * res['tpot_p50']:.0f} / {1000 * res['tpot_p99']:.0f}",
-                 f"{res['tau']:.2f}", str(by_k or "-")])
-  return markdown(rows)
 
 
 if __name__ == "__main__":

@@ -182,9 +182,10 @@ def _release_compiled_programs():
   """Drop each test module's compiled programs when it ends. One process compiles
   thousands of XLA CPU executables over the suite; each maps its own code pages, and
   left alive together they can reach the kernel's limit on memory maps and abort a
-  later compile."""
+  later compile. The caches `generate` keeps between calls go with them."""
   yield
   jax.clear_caches()
+  jspec.release_caches()
 
 
 @pytest.fixture(scope="session")

@@ -320,10 +320,13 @@ def test_monotone_costs():
 
 
 @pytest.mark.slow
-def test_probes_after_idle_rounds_back_off(target, far_draft):
+@pytest.mark.parametrize("k,cost,unit", [(2, 2.0, 5), (4, 4.0, 15)])
+def test_probes_after_idle_rounds_back_off(target, far_draft, k, cost, unit):
   """A prior that says "never speculate" still drafts after probe_every idle rounds,
-  then after twice as many, and so on: gaps 5, 10, 20, 40."""
-  never = schedule.AutoK(choices=(0, 2), costs=(1.0, 2.2), prior=0.05, ceiling=0.95,
+  then after twice as many, and so on: gaps 5, 10, 20, 40. Where a drafting round costs
+  c > 2 plain ones, each wait is c - 1 times as long (`schedule.waited`): 15, 30, ... at 4
+  (where K = 4 can still pay at the ceiling: 4.5 tokens a round)."""
+  never = schedule.AutoK(choices=(0, k), costs=(1.0, cost), prior=0.05, ceiling=0.95,
                         probe_every=5)
   prompts = ragged_prompts(1, target.vocab_size, seed=9)
   kw = dict(max_new_tokens=60, eos_id=())
@@ -331,8 +334,8 @@ def test_probes_after_idle_rounds_back_off(target, far_draft):
   base = jspec.generate(target, prompts, **kw)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
   # With R idle rounds in all, the probes are those whose doubled gaps fit in R.
-  idle, probes = out.rounds_by_k[0], out.rounds_by_k[2]
-  gaps = np.cumsum([5 * 2 ** i for i in range(8)])
+  idle, probes = out.rounds_by_k[0], out.rounds_by_k[k]
+  gaps = np.cumsum([unit * 2 ** i for i in range(8)])
   assert probes == int(np.sum(gaps <= idle)) and probes >= 2, out.rounds_by_k
 
 
@@ -388,6 +391,17 @@ def one_row(costs, accepted, judged, idle=0, gap=64):
                                rounds=jnp.zeros((len(costs),), jnp.int32),
                                counts=jnp.full((1,), 4, jnp.int32),
                                first=jnp.zeros((1,), jnp.int32))
+
+
+@pytest.mark.parametrize("costs,wait", [((1.0, 1.7), 8), ((1.0, 3.0), 16), ((1.0, 5.0), 32),
+                                        ((2.0, 3.0, 9.0), 28)])
+def test_a_probe_waits_in_units_of_its_extra_cost(costs, wait):
+  """gap = 8 idle rounds, scaled by c_max / c_0 - 1 where that is above 1: a probe never
+  spends more than one plain round's time per gap idle rounds."""
+  auto = schedule.AutoK(choices=tuple(range(len(costs))) if len(costs) == 2 else (0, 1, 4),
+                        costs=costs, probe_every=8)
+  assert not bool(schedule.waited(one_row(costs, 0.0, 0.0, idle=wait - 1, gap=8), auto))
+  assert bool(schedule.waited(one_row(costs, 0.0, 0.0, idle=wait, gap=8), auto))
 
 
 def test_choice_credits_only_the_drafts_a_lookup_has():

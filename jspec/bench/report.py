@@ -192,6 +192,40 @@ def serve_load(header: dict, recs) -> str:
   return S.table(S.runs_of(header, recs))
 
 
+def load_figures(recs) -> dict:
+  """A live-load run's figures from its request records: output tokens/s from the first
+  arrival to the last answer, TTFT and TPOT percentiles (s), tau."""
+  tokens = sum(r.tokens for r in recs)
+  ttft = M.percentiles([M.ttft(r) for r in recs], (50, 99))
+  tpot = M.percentiles([x for x in (M.tpot(r) for r in recs) if x is not None], (50, 99))
+  return dict(tokens_per_s=tokens / M.span(recs), tokens=tokens, ttft_p50=ttft["p50"],
+              ttft_p99=ttft["p99"], tpot_p50=tpot["p50"], tpot_p99=tpot["p99"],
+              tau=M.tau(recs))
+
+
+_LOAD_METHODS = {"ngram4": "n-gram K = 4", "auto": '`"auto"`'}  # engine_load.py's names
+
+
+def engine_load(header: dict, recs) -> str:
+  """benchmarks/engine_load.py's table: per workload, rate and method, tokens/s and against
+  plain decoding's, TTFT and TPOT p50 / p99, tau, and the rounds at each K (the header's
+  `runs`)."""
+  runs = header.get("runs", {})
+  rows = [["workload", "req/s", "method", "tok/s", "x plain", "TTFT p50 / p99 s",
+           "TPOT p50 / p99 ms", "tau", "rounds by K"]]
+  for (w, rate, m), mine in M.group(recs, "workload", "rate", "method").items():
+    res = load_figures(mine)
+    plain = M.select(recs, workload=w, rate=rate, method="plain")
+    ratio = res["tokens_per_s"] / load_figures(plain)["tokens_per_s"] if plain else float("nan")
+    by_k = runs.get(f"{w}/{rate:g}/{m}", {}).get("rounds_by_k")
+    by_k = ", ".join(f"{k}: {n}" for k, n in by_k.items()) if by_k else "-"
+    rows.append([w, f"{rate:g}", _LOAD_METHODS.get(m, m), f"{res['tokens_per_s']:.1f}",
+                 f"{ratio:.2f}", f"{res['ttft_p50']:.2f} / {res['ttft_p99']:.2f}",
+                 f"{1000 * res['tpot_p50']:.0f} / {1000 * res['tpot_p99']:.0f}",
+                 f"{res['tau']:.2f}", by_k])
+  return markdown(rows)
+
+
 # ----------------------------------------------------------------------------- converted studies
 # The tables of studies read from earlier reports (`jspec.bench.legacy`), in the pages' own
 # forms.
@@ -441,6 +475,7 @@ TABLES: dict[str, Callable] = {
     "capacity.cache": capacity_cache,
     "many.static": many_static,
     "many.vllm": many_vllm,
+    "engine.load": engine_load,
 }
 
 MARKER = re.compile(r"<!-- table (\S+) (\S+) -->\n(.*?)\n<!-- /table -->", re.S)

@@ -47,7 +47,7 @@ from jspec.core import decode, nn, streaming
 from jspec.core.drafter import (CatchUpDrafter, DraftContext, LookupDrafter, ObservingDrafter,
                                 PricedCatchUpDrafter)
 from jspec.core.model import Model
-from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, after, choose
+from jspec.core.schedule import MAX_GAP_FACTOR, AutoK, ScheduleState, after, choose, waited
 
 
 # ----------------------------------------------------------------------------- loop
@@ -205,7 +205,7 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # drafter's catch-up they need then cost a vanishing share of the rounds. A round
   # that drafts by choice resets it.
   if k > 0:
-    probing = sched.idle >= sched.gap
+    probing = waited(sched, auto)
     gap = jnp.where(probing, jnp.minimum(2 * sched.gap, MAX_GAP_FACTOR * auto.probe_every),
                     auto.probe_every).astype(jnp.int32)
   else:
@@ -274,7 +274,7 @@ def decode_loop(target: Model, drafter, state: AutoState, config: decode.DecodeC
       # CPU) to the outer loop.
       same = finished(s) == at_start
       if auto.probe_every:
-        same &= s.schedule.idle < s.schedule.gap
+        same &= ~waited(s.schedule, auto)
       return jnp.where(same, jnp.int32(index), REPICK)
     return after(s.schedule, auto, remaining(s), s.schedule.counts, index,
                  catch_up_fee(drafter, s)).astype(jnp.int32)
