@@ -393,15 +393,18 @@ def one_row(costs, accepted, judged, idle=0, gap=64):
                                first=jnp.zeros((1,), jnp.int32))
 
 
-@pytest.mark.parametrize("costs,wait", [((1.0, 1.7), 8), ((1.0, 3.0), 16), ((1.0, 5.0), 32),
-                                        ((2.0, 3.0, 9.0), 28)])
-def test_a_probe_waits_in_units_of_its_extra_cost(costs, wait):
-  """gap = 8 idle rounds, scaled by c_max / c_0 - 1 where that is above 1: a probe never
-  spends more than one plain round's time per gap idle rounds."""
-  auto = schedule.AutoK(choices=tuple(range(len(costs))) if len(costs) == 2 else (0, 1, 4),
-                        costs=costs, probe_every=8)
-  assert not bool(schedule.waited(one_row(costs, 0.0, 0.0, idle=wait - 1, gap=8), auto))
-  assert bool(schedule.waited(one_row(costs, 0.0, 0.0, idle=wait, gap=8), auto))
+@pytest.mark.parametrize("costs,index,wait", [((1.0, 1.7), 1, 8), ((1.0, 3.0), 1, 16),
+                                              ((1.0, 5.0), 1, 32), ((2.0, 3.0, 9.0), 2, 28),
+                                              ((2.0, 3.0, 9.0), 1, 8), ((2.0, 3.0, 9.0), None, 8)])
+def test_a_probe_waits_in_units_of_its_extra_cost(costs, index, wait):
+  """gap = 8 idle rounds, scaled by the probe's c_K / c_0 - 1 where that is above 1: a probe
+  never spends more than one plain round's extra time per gap idle rounds. No index: the
+  cheapest drafting choice's (the earliest any probe could be due)."""
+  auto = schedule.AutoK(choices=(0, 1) if len(costs) == 2 else (0, 1, 4), costs=costs,
+                        probe_every=8)
+  at = lambda idle: bool(schedule.waited(one_row(costs, 0.0, 0.0, idle=idle, gap=8), auto,
+                                         index))
+  assert not at(wait - 1) and at(wait)
 
 
 def test_choice_credits_only_the_drafts_a_lookup_has():

@@ -205,7 +205,7 @@ def fixed_round(target: Model, drafter, state: AutoState, config: decode.DecodeC
   # drafter's catch-up they need then cost a vanishing share of the rounds. A round
   # that drafts by choice resets it.
   if k > 0:
-    probing = waited(sched, auto)
+    probing = waited(sched, auto, index)
     gap = jnp.where(probing, jnp.minimum(2 * sched.gap, MAX_GAP_FACTOR * auto.probe_every),
                     auto.probe_every).astype(jnp.int32)
   else:

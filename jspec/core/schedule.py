@@ -229,17 +229,25 @@ class ScheduleState:
   catch_up: jax.Array | float = 0.0
 
 
-def waited(schedule: ScheduleState, auto: AutoK) -> jax.Array:
+def waited(schedule: ScheduleState, auto: AutoK, index=None) -> jax.Array:
   """[] bool: the idle rounds since the last drafting round have reached the gap, in
-  units of a probe's extra cost. A probe's extra cost over a plain round is at most
-  c_max / c_0 - 1 plain rounds; where that is above one (a K = 6 round at batch 32 costs
-  about five plain ones on a 2-core CPU), the wait grows by that factor, so probes never
-  take more than one plain round's worth of time per `gap` idle rounds. Where a drafting
-  round costs at most two plain ones the wait is `gap` rounds."""
+  units of the probe's extra cost. A probe at choice `index` costs c_K / c_0 - 1 plain
+  rounds more than a plain round; where that is above one (a K = 6 round at batch 32
+  costs about five plain ones on a 2-core CPU), the wait grows by that factor, so a probe
+  never takes more than one plain round's worth of extra time per `gap` idle rounds.
+  Where it costs at most two plain ones the wait is `gap` rounds. index: [] int32
+  (traced or static) the probe's choice; None: the cheapest drafting choice (the
+  earliest any probe could be due)."""
   if 0 not in auto.choices:
     return schedule.idle >= schedule.gap
   costs = schedule.costs
-  extra = jnp.max(costs) / costs[auto.choices.index(0)] - 1.0
+  zero = auto.choices.index(0)
+  if index is None:
+    drafting = jnp.asarray([k > 0 for k in auto.choices])
+    probe_cost = jnp.min(jnp.where(drafting, costs, jnp.inf))
+  else:
+    probe_cost = costs[index]
+  extra = probe_cost / costs[zero] - 1.0
   wait = jnp.ceil(schedule.gap.astype(jnp.float32) * jnp.maximum(extra, 1.0))
   return schedule.idle >= wait.astype(jnp.int32)
 
@@ -277,7 +285,8 @@ def _rates(schedule: ScheduleState, auto: AutoK, remaining, counts, fee=None):
   # A probe pays back over the rounds after it: with fewer tokens to go than the gap it
   # waited, the call would end before its evidence could be used (a draft model's probe
   # also catches the drafter up on every token it missed, a prefill of the whole row).
-  due = waited(schedule, auto) & jnp.any(judged) & (jnp.max(remaining) >= schedule.gap)
+  due = (waited(schedule, auto, probe) & jnp.any(judged)
+         & (jnp.max(remaining) >= schedule.gap))
   return rate, jnp.where(due, probe, best), due
 
 
