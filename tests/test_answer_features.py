@@ -95,6 +95,7 @@ def test_captured_features_equal_a_prefill_and_replace_it(model, tmp_path):
                              rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_the_buffer_keeps_the_newest_shards_and_a_stale_file_is_ignored(model, tmp_path):
   store, folder = str(tmp_path / "store"), str(tmp_path / "features")
   A.generate_answers(model, pool()[:14], encode, store, capture=F.Capture(folder, LAYERS, keep=1),

@@ -59,6 +59,7 @@ def shards(out):
   return manifest, rows
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_interrupted_and_resumed_equals_uninterrupted(model, tmp_path):
   prompts = pool()
   full = str(tmp_path / "full")

@@ -333,6 +333,7 @@ def test_sampled_runs_are_reported_apart(tiny_gguf, tmp_path, capsys):
   assert "at T = 1" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypatch, capsys):
   real = runner.jspec_call
 
@@ -361,6 +362,7 @@ def test_a_greedy_answer_unlike_plain_fails_loudly(tiny_gguf, tmp_path, monkeypa
   assert mismatch["method"] == "ngram" and mismatch["first_difference"] == 0
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_token_recycling_carries_its_matrix_from_question_to_question(tiny_gguf, tmp_path,
                                                                       monkeypatch):
   """The matrix a Token Recycling call hands back (`out.memory`) starts the next prompt's

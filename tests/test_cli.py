@@ -203,6 +203,7 @@ def _chat_ids(tiny_gguf):
                                         tokenize=True)]
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_measure_on_a_foreign_target_drafts_by_ngram(tiny_gguf, tmp_path, capsys):
   prompts = tmp_path / "p.jsonl"
   prompts.write_text('{"text": "ab ab"}\n"ba"\n')

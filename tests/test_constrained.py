@@ -155,6 +155,7 @@ def _log_softmax(row):
 
 @pytest.mark.parametrize("raw", [True, pytest.param(False, marks=pytest.mark.slow)],
                          ids=["raw", "processed"])
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_logprobs_under_a_constraint(target, close_draft, regex, raw):
   """Logprobs(raw=True) is the model's own log_softmax, before the constraint's mask as
   before temperature (its top ids include forbidden ones); the processed default is the
@@ -227,6 +228,7 @@ def test_a_narrower_tokenizer_pads_the_model_vocabulary(target):
   assert re.fullmatch("[a-c]+", text_of(np.asarray(out.tokens[0])))
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_constraints_per_request_through_slots(target, close_draft, regex):
   """generate_many with a constraint on some requests: each request's tokens equal the
   lone constrained (or free) run, and the constraint state of a slot's previous request
@@ -245,6 +247,7 @@ def test_constraints_per_request_through_slots(target, close_draft, regex):
       assert re.fullmatch(PATTERN, text_of(np.asarray(out.tokens[i])))
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_constraints_per_request_through_the_engine(target, close_draft, regex, schema):
   """Engine requests with a regex, a JSON schema or none, decoding side by side through 2
   slots: each equals the lone run with its own constraint. The table holds the regex and

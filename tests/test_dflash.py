@@ -101,6 +101,7 @@ def test_greedy_tree_equals_generate(target, drafter):
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_tree_candidates_are_the_block_slots_ranks(target, drafter):
   """Node i is the ranks[i]-th best token of block slot depths[i], as in a chain's logits."""
   B, S = 2, 32
@@ -118,6 +119,7 @@ def test_tree_candidates_are_the_block_slots_ranks(target, drafter):
   np.testing.assert_array_equal(np.asarray(cands), want)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_logprobs_and_constraint(target, drafter):
   """Greedy: the same tokens and log-probabilities as plain decoding, with and without a
   regex constraint (DFlash ignores it; verification rejects what it forbids)."""
@@ -137,6 +139,7 @@ def test_logprobs_and_constraint(target, drafter):
   np.testing.assert_array_equal(base.tokens, spec.tokens)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_context_cache_stays_true_through_plain_rounds(target, drafter):
   """After drafting and plain rounds in any order ("auto"), the drafter's context K/V at
   every slot before the state's feature_start equal those of the target's own features

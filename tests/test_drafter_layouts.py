@@ -249,6 +249,7 @@ def _greedy_runs(target, tmp_path, runs):
 TREE = jspec.Tree(parents=(-1, 0, 0, 1, 1, 2, 3), ranks=(0, 0, 1, 0, 1, 0, 0))
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_greedy_equality_with_loaded_heads(target, tmp_path):
   """Every layout's head decodes to the target's own greedy output: chains of each kind and
   a static tree of the SpecForge EAGLE-3 head."""

@@ -250,6 +250,7 @@ def test_costs_of_filtered_sampling_are_their_own(tmp_path, monkeypatch, target,
     assert asked == [filtered], (top_k, top_p)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monkeypatch, target,
                                                                   far_draft):
   """Without a saved profile, "auto" prices rounds with the prior: no round is timed.
@@ -339,6 +340,7 @@ def test_probes_after_idle_rounds_back_off(target, far_draft, k, cost, unit):
   assert probes == int(np.sum(gaps <= idle)) and probes >= 2, out.rounds_by_k
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_a_drafting_round_leaves_nothing_to_catch_up(target):
   """After a round that drafted, the draft model is current below L' - 2 (its next
   `propose` feeds the last two tokens): no catch-up call and no fee. After a plain
@@ -629,6 +631,7 @@ def test_feature_drafters_greedy_equals_baseline(target, kind):
   assert 0 in used(out) and used(out) - {0}, out.rounds_by_k
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_eagle_cache_stays_true_through_plain_rounds(target):
   """After drafting and plain rounds in any order, EAGLE's cache holds, at every slot up
   to the state's feature_start, the pair a prefill over the committed tokens and the

@@ -143,6 +143,7 @@ def reference_chain(eagle, tokens_row, hidden_row, L, k, drafts=None):
 # ----------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_shapes_and_protocol(eagle, target, sequences):
   tokens, hidden = sequences
   rng = np.random.default_rng(1)
@@ -186,6 +187,7 @@ def test_chain_rounds_keep_the_invariant_and_match_a_plain_recompute(eagle, sequ
     fs, L = L - 1, L + n + 1
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_sampled_drafts_come_with_their_distributions(eagle, sequences):
   tokens, hidden = sequences
   rng = np.random.default_rng(3)

@@ -89,6 +89,7 @@ def test_ttt_mask_on_hand_values():
   assert np.flatnonzero(m[0]).tolist() == [8]  # j < s stands for no real round: itself only
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_ttt_unroll_equals_drafting_by_hand(target, eagle3):
   """Training-time test step s at position j is what drafting computes when a catch-up
   ends at j - s and the head then feeds its own outputs s times with the true tokens."""
@@ -117,6 +118,7 @@ def test_ttt_unroll_equals_drafting_by_hand(target, eagle3):
                                  err_msg=f"step {s} position {j}")
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_greedy_equality_through_the_decode_loop(target, eagle3):
   """Chains (K 1 and 3) and a tree, full and reduced vocabulary: greedy output equals
   the target's own, ragged prompts including a length-1 one; a sampled run completes."""

@@ -190,6 +190,7 @@ def test_tree_candidates_follow_each_parents_recompute(target, sequences, name):
     fs, L = L - 1, L + rng.integers(0, tree.max_depth + 1, size=3) + 1
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_each_option_changes_the_drafts(target, sequences):
   """No option is a no-op: the scores of a chain differ from those of the same params read
   without it (the window: with it hidden, i.e. every layer seeing everything)."""
@@ -221,6 +222,7 @@ def _greedy_runs(target, shapes):
   return accepted
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_greedy_equality_through_the_decode_loop(target):
   """A chain of 3 and a static tree: the target's own greedy output, with some drafts accepted
   (the loop's rewinds and the cache's hand-over exercised)."""

@@ -20,6 +20,7 @@ def ngram_engine(target):
   engine.close()
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_requests_from_many_threads_equal_their_lone_runs(target, ngram_engine):
   """Requests of mixed lengths submitted from 4 threads while others decode: each
   greedy answer equals speculative_generate on its prompt alone, and streaming yields
@@ -51,6 +52,7 @@ def test_requests_from_many_threads_equal_their_lone_runs(target, ngram_engine):
   assert streamed == handles[0].result().tokens
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_sampled_request_and_stop_ids(target, ngram_engine):
   """A sampled request equals the lone run with the same seed; a stop id ends a request
   (kept, as EOS is) and frees its slot."""
@@ -67,6 +69,7 @@ def test_sampled_request_and_stop_ids(target, ngram_engine):
   assert out.tokens == full[:full.index(stop) + 1]
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_cancel_full_queue_and_bad_input(target):
   """Cancelling a waiting and a decoding request, a full queue, and bad input: clear
   errors before any tracing; every request is answered, refused or cancelled."""
@@ -113,6 +116,7 @@ def test_cancel_full_queue_and_bad_input(target):
 
 @pytest.mark.parametrize("auto", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["fixed", "auto"])
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_batch_follows_the_load_and_rows_survive_the_moves(target, close_draft, far_draft,
                                                            auto):
   """Four requests at once grow the state from batch 1 to 4; as they finish, the long one
@@ -145,6 +149,7 @@ def test_batch_follows_the_load_and_rows_survive_the_moves(target, close_draft, 
     engine.close()
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_a_request_can_opt_out_of_speculation(target, close_draft):
   """speculate=False: the request's drafts are never judged (one token per round, equal
   to plain decoding) while its neighbour drafts as usual; max_draft_tokens caps K."""
@@ -174,6 +179,7 @@ def test_a_request_can_opt_out_of_speculation(target, close_draft):
                  start=False).submit(prompt, max_new_tokens=4, max_draft_tokens=-1)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_logprobs_per_token(target, close_draft):
   """Engine(logprobs=n): every token's log-probability under the model's own distribution
   and its top n alternatives, equal to `speculative_generate`'s records of the lone run,
@@ -205,6 +211,7 @@ def test_logprobs_per_token(target, close_draft):
   assert len(cut.top_logprobs) == k
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_ignore_eos_per_request(target):
   """Two requests side by side on an engine whose EOS id the greedy answer emits: one ends
   there (finish "stop"), the other, with ignore_eos, runs to max_new_tokens as a run

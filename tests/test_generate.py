@@ -146,6 +146,7 @@ def test_per_row_max_new_tokens(target, close_draft):
   assert np.all(tokens[0, 2:] == -1) and np.all(tokens[2, 5:] == -1)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_same_seed_same_output_and_rows_independent(target, close_draft):
   prompts = ragged_prompts(4, 64, seed=11)
   kw = dict(num_draft_tokens=3, max_new_tokens=16, temperature=1.0, seed=123)
@@ -273,6 +274,7 @@ def test_static_greedy_equals_zero_temperature_params(target, close_draft, kind)
     assert 0 < int(np.sum(fast[4].accepted)) < 3 * 20
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_pure_layer_inside_user_jit(target, close_draft):
   """init_state / decode_loop compose inside a user's own jitted function."""
   prompts = np.array([[1, 2, 3, 0], [4, 0, 0, 0]], np.int32)

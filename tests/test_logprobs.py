@@ -129,6 +129,7 @@ def test_auto_k_records_logprobs_and_per_row_counters(target, close_draft):
   assert int(np.sum(accepted)) == int(stats.accepted[0])
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_greedy_row_records_do_not_depend_on_the_batch(target, close_draft):
   """A greedy row's top ids and log-probabilities are the same alone (the all-greedy
   program), beside a sampled row (the per-row program), plain or speculative: the ids of
@@ -264,6 +265,7 @@ def _drafter(name, target):
 @pytest.mark.parametrize("name", ["lookahead"] + [  # one fast, the compiles of the others slow
     pytest.param(name, marks=pytest.mark.slow)
     for name in ("medusa_tree", "eagle_chain", "eagle_dynamic_tree")])
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_every_drafter_records_what_plain_decoding_records(small_target, name):
   """Speculative `return_logprobs=True` and `Logprobs(top=3)` equal plain `jspec.generate`'s
   for the tokens emitted, in a batch of a greedy, a sampled and a top-k row."""

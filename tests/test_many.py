@@ -82,6 +82,7 @@ def test_each_request_equals_its_lone_run(target, close_draft, method):
                                       err_msg=f"request {i}: {field}")
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_one_slot_serves_requests_in_turn_with_nothing_left_over(target, close_draft):
   """One slot: a long request, then short ones into the same row. A slot whose old K/V,
   lengths or draft-model cache survived the insert would change the next request's
@@ -150,6 +151,7 @@ def test_insert_replaces_every_row_leaf_and_keeps_the_others(target, close_draft
 
 
 @pytest.mark.parametrize("k", [2])
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_sampled_requests_draw_from_their_own_seed(target, close_draft, k):
   """Sampled requests with per-request seeds and settings equal the lone runs with the
   same seed, whichever slot and neighbours they had."""
@@ -167,6 +169,7 @@ def test_sampled_requests_draw_from_their_own_seed(target, close_draft, k):
                                   np.asarray(alone.tokens[0]), err_msg=f"request {i}")
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_eos_penalties_and_logprobs_per_request(target):
   """EOS ends a request early and frees its slot; per-request penalties and logit bias;
   log-probabilities per request equal the lone runs'."""

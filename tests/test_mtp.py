@@ -88,6 +88,7 @@ def test_loads_as_an_mtp_module_and_exports_back(module, target, tmp_path):
   assert isinstance(jspec.load_drafter(tmp_path / "own", target), MTP)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_greedy_decoding_equals_the_target_with_logprobs(module, target):
   """Chain, static tree and dynamic tree: the target's own greedy output and log-probabilities;
   the module's drafts are accepted often enough to exercise the rewinds."""

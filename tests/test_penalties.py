@@ -188,6 +188,7 @@ def test_greedy_speculative_equals_plain_with_penalties(target, close_draft, dra
     assert np.all(np.asarray(spec.stats.accepted)[[0, 2]] > 0), spec.stats.accepted
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_presence_penalty_forbids_repeats_under_speculation(target, close_draft):
   """A presence penalty of 1000 leaves no id twice in a row's output, even where a
   draft accepted in the same round repeats an earlier one; a bias of 1000 on one id
@@ -205,6 +206,7 @@ def test_presence_penalty_forbids_repeats_under_speculation(target, close_draft)
     assert np.all(out == 9)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_no_penalties_no_counts(target, monkeypatch):
   """Settings that penalise nothing run the plain programs: all-greedy rows the static
   argmax one, and no row's tokens are counted."""

@@ -45,6 +45,7 @@ def test_features_equal_a_forward_pass_over_the_answer(target, layers, temperatu
     assert np.all(got[T - 1:] == 0)  # the last token is never fed; nothing past it
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_prompts_of_one_token_and_rows_that_stop_early(target):
   """No prefill (every prompt one token), and a row that ends at EOS before the others:
   its slots past its end stay zeros while the batch runs on."""

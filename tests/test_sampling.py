@@ -218,6 +218,7 @@ def test_search_checks_what_it_reads():
     assert float(found[r, 0]) == want
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_min_p_one_is_the_argmax():
   """min_p = 1 keeps the most likely token alone: sampling at any temperature is then
   greedy decoding, plain and speculative, per row beside rows that sample."""

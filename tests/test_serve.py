@@ -192,6 +192,7 @@ def check_greedy(model, greedy, prompt_ids, got_ids):
 # ----------------------------------------------------------------------------- answers
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_completions_greedy_equal_generate(server, model, greedy):
   """Text prompts and token-id prompts, one by one and as a batch: every greedy answer is
   `jspec.generate`'s on the same ids, its text their decoding, usage counted."""

@@ -48,6 +48,7 @@ def windows(target, n, seed):
   return tokens.astype(np.int32), mask
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_training_blocks_are_the_drafting_blocks(target):
   """Block logits of the training pass, for anchors 5 and 11, equal what the drafter computes
   when it drafts after a prefill of the tokens before the anchor."""
@@ -68,6 +69,7 @@ def test_training_blocks_are_the_drafting_blocks(target):
       np.testing.assert_allclose(got[b, j, 1:], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_the_loss_weighs_and_masks_slots_as_specified(target):
   """The loss by hand: KL at slots 1..bs-1 against the target's distribution one position
   earlier, decayed by exp(-(i-1)/gamma), only where the predicted position is in the mask."""
@@ -99,6 +101,7 @@ def test_the_loss_weighs_and_masks_slots_as_specified(target):
   assert 1.0 <= float(metrics["accepted_length"]) <= BS
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_a_short_run_learns_and_resumes_exactly(target, tmp_path):
   drafter = make_dflash(target, scale=0.1)
   data, masks = windows(target, 24, seed=2)
@@ -160,6 +163,7 @@ def test_bad_settings_are_clear_errors(target):
     TD.check_fits(object(), TD.DFlashTrainConfig())
 
 
+@pytest.mark.slow  # over 4.5 s in the fast lane on 2 cores
 def test_stored_labels_give_the_one_hot_objective(target):
   """With the target's argmax ids as targets (stored labels, no target pass while training),
   the loss is the KL against one-hot distributions: the logits objective on peaked logits."""
