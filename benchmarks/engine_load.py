@@ -2,13 +2,15 @@
 against n-gram at a fixed K and `"auto"`, on SmolLM2-135M-Instruct.
 
     python benchmarks/engine_load.py [--rates 0.2,1,4] [--requests 24] [--slots 32]
-        [--max-new 64] [--workloads restate,free] [--json PATH]
+        [--max-new 64] [--workloads restate,free] [--repeats 1] [--json PATH]
 
 Workloads: the held-out chat prompts of one kind, cycled ("restate": edits and rewrites
 of text in the prompt, where lookup pays; "free": the explaining and question prompts).
 At each rate, each method's engine (built and warmed up once: every batch bucket
 compiled) serves the same arrival times and prompts, methods in alternating order from
-one rate to the next. Per method and rate: output tokens/s over the run (first arrival
+one run to the next; `--repeats N` runs each rate N times, each with fresh arrivals (axis
+`repeat`), and the table gives medians over the runs of tok/s and of the ratio to plain
+decoding in the same run. Per method and rate: output tokens/s over the run (first arrival
 to last answer), p50 / p99 time to first token and time per output token (after the
 first), the batch sizes the engine ran at, and for speculation tau (tokens per target
 call) and the rounds at each K. Greedy, EOS ignored: every method's answers are checked
@@ -85,6 +87,9 @@ def main(argv=None):
   parser.add_argument("--cache-length", type=int, default=512)
   parser.add_argument("--methods", default=",".join(METHODS))
   parser.add_argument("--workloads", default="restate,free")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="runs per rate, each with fresh arrivals, the methods' order "
+                           "alternating from run to run; the table gives medians")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
@@ -107,27 +112,31 @@ def main(argv=None):
     pool = [(p.id, workloads.encode(tok, p.messages))
             for p in workloads.load("restate" if w == "restate" else "free").prompts]
     prompts = [pool[i % len(pool)] for i in range(args.requests)]
-    for r, rate in enumerate(float(x) for x in args.rates.split(",")):
-      arrivals = np.cumsum(rng.exponential(1.0 / rate, size=args.requests))
-      arrivals -= arrivals[0]
-      answers, served = {}, {}
-      for m in (methods if r % 2 == 0 else methods[::-1]):
-        served[m], runs[f"{w}/{rate:g}/{m}"], answers[m] = _serve(
-            engines[m], prompts, arrivals, args.max_new, method=m, workload=w,
-            axes={"rate": rate, "temperature": 0.0})
-        res, run = report.load_figures(served[m]), runs[f"{w}/{rate:g}/{m}"]
-        print(f"{w} {rate:g} req/s {m}: {res['tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
-              f"{res['ttft_p50']:.2f}/{res['ttft_p99']:.2f} s, TPOT p50/p99 "
-              f"{1000 * res['tpot_p50']:.0f}/{1000 * res['tpot_p99']:.0f} ms, tau "
-              f"{res['tau']:.2f}, runs by batch {run['runs_by_batch']}, rounds by K "
-              f"{run['rounds_by_k']}", flush=True)
-      equal = all(answers[m] == answers[methods[0]] for m in methods)
-      for m in methods:  # every request's answer against the first method's
-        recs += [dataclasses.replace(rec, equal=None if m == methods[0] else
-                                     answers[m][i] == answers[methods[0]][i])
-                 for i, rec in enumerate(served[m])]
-      if not equal:
-        print("  answers differ between methods")
+    cell = 0
+    for rate in (float(x) for x in args.rates.split(",")):
+      for rep in range(args.repeats):
+        arrivals = np.cumsum(rng.exponential(1.0 / rate, size=args.requests))
+        arrivals -= arrivals[0]
+        key = f"{w}/{rate:g}/{{}}" + (f"/{rep}" if rep else "")
+        answers, served = {}, {}
+        for m in (methods if cell % 2 == 0 else methods[::-1]):
+          served[m], runs[key.format(m)], answers[m] = _serve(
+              engines[m], prompts, arrivals, args.max_new, method=m, workload=w,
+              axes={"rate": rate, "temperature": 0.0, "repeat": rep})
+          res, run = report.load_figures(served[m]), runs[key.format(m)]
+          print(f"{w} {rate:g} req/s {m} (repeat {rep}): {res['tokens_per_s']:.1f} tok/s, "
+                f"TTFT p50/p99 {res['ttft_p50']:.2f}/{res['ttft_p99']:.2f} s, TPOT p50/p99 "
+                f"{1000 * res['tpot_p50']:.0f}/{1000 * res['tpot_p99']:.0f} ms, tau "
+                f"{res['tau']:.2f}, runs by batch {run['runs_by_batch']}, rounds by K "
+                f"{run['rounds_by_k']}", flush=True)
+        cell += 1
+        equal = all(answers[m] == answers[methods[0]] for m in methods)
+        for m in methods:  # every request's answer against the first method's
+          recs += [dataclasses.replace(rec, equal=None if m == methods[0] else
+                                       answers[m][i] == answers[methods[0]][i])
+                   for i, rec in enumerate(served[m])]
+        if not equal:
+          print("  answers differ between methods")
   for e in engines.values():
     e.close()
   print()

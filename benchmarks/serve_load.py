@@ -14,7 +14,7 @@ streamed), stops the server, and writes one run per config into --out as the har
 JSON lines (WORKLOAD_CONFIG.jsonl: a header naming the server's command and each rate's
 /metrics counters, a record per request). At each rate min(--requests, max(12, rate x
 --duration)) requests are sent. Then one table over all configs (tokens/s against the
-first config's at the same rate; `jspec.bench.report.TABLES["serve.load"]`, which
+first config's at the same rate; `jspec.bench.tables.TABLES["serve.load"]`, which
 docs/benchmarks.md quotes), the ratio of jspec's "auto" to the better of its plain and
 fixed-K runs, and a plot.
 

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from jspec.bench import legacy, metrics as M, records as R, report, runner
+from jspec.bench import legacy, metrics as M, records as R, report, runner, tables
 from jspec.bench.workloads import Prompt, Workload
 
 
@@ -52,6 +52,38 @@ def test_speedup_counts_tokens_where_answers_differ_in_length():
   base = [rec(tokens=10, seconds=(1.0,))]
   assert M.speedup(base, [rec(tokens=20, seconds=(1.0,))]) == 2.0
   assert M.tokens_per_s([rec(tokens=30, seconds=(1.0, 3.0, 2.0))]) == 15.0
+
+
+def _request(method, rep, sent, times, tokens=None, **axes):
+  """A live-load request record: sent at `sent`, its tokens arriving at `times`."""
+  return R.Record(study="engine-load", method=method, workload="free", prompt="p",
+                  axes=dict(rate=8.0, index=0, repeat=rep, **axes),
+                  tokens=tokens or len(times), calls=len(times), seconds=(times[-1] - sent,),
+                  extra={"sent": sent, "end": times[-1], "chunk_times": list(times)})
+
+
+def test_load_table_gives_medians_of_paired_repeats():
+  # Three repeats: plain makes 10 tokens in 1, 2 and 1 s; "auto" in 1, 1 and 2 s, so its
+  # per-repeat ratios are 1, 2 and 0.5 (median 1.0); rounds by K summed over the repeats.
+  plain = [_request("plain", i, 0.0, np.linspace(d / 10, d, 10)) for i, d in enumerate((1, 2, 1))]
+  auto = [_request("auto", i, 0.0, np.linspace(d / 10, d, 10)) for i, d in enumerate((1, 1, 2))]
+  runs = {"free/8/auto": {"rounds_by_k": {0: 3, 6: 1}},
+          "free/8/auto/1": {"rounds_by_k": {0: 4}}, "free/8/auto/2": {"rounds_by_k": {6: 2}}}
+  rows = {r.split(" | ")[2]: r.split(" | ") for r in
+          report.engine_load({"runs": runs}, plain + auto).splitlines()[2:]}
+  assert rows["plain"][3:5] == ["10.0", "1.00"]
+  assert rows['`"auto"`'][3:5] == ["10.0", "1.00"]
+  assert rows['`"auto"`'][-1].rstrip(" |") == "0: 7, 6: 3"
+  # One faster repeat moves the median ratio: "auto" at 0.5 s in the third repeat.
+  auto[2] = _request("auto", 2, 0.0, np.linspace(0.05, 0.5, 10))
+  rows = {r.split(" | ")[2]: r.split(" | ") for r in
+          report.engine_load({"runs": runs}, plain + auto).splitlines()[2:]}
+  assert rows['`"auto"`'][3:5] == ["10.0", "2.00"]  # ratios 1, 2, 2; the ratio of medians: 1
+  # Records without the axis are one repeat (the tables of earlier runs are unchanged).
+  one = [dataclasses.replace(r, axes={"rate": 8.0, "index": 0}) for r in (plain[1], auto[0])]
+  rows = {r.split(" | ")[2]: r.split(" | ") for r in
+          report.engine_load({"runs": {}}, one).splitlines()[2:]}
+  assert rows['`"auto"`'][3:5] == ["10.0", "2.00"]
 
 
 def test_percentiles_match_numpy():
@@ -251,11 +283,11 @@ def test_quoted_tables_are_found_and_refreshed(tmp_path):
             temperature=0.0)]
   R.write(str(tmp_path / "r.jsonl"), {"schema": R.SCHEMA, "study": "s"}, rs)
   page = "text\n<!-- table spec-bench.speedup r.jsonl -->\n| stale |\n<!-- /table -->\nmore"
-  assert report.quoted_tables(page) == [("spec-bench.speedup", "r.jsonl", "| stale |")]
-  fresh = report.refresh(page, root=str(tmp_path))
-  (_, _, table), = report.quoted_tables(fresh)
+  assert tables.quoted_tables(page) == [("spec-bench.speedup", "r.jsonl", "| stale |")]
+  fresh = tables.refresh(page, root=str(tmp_path))
+  (_, _, table), = tables.quoted_tables(fresh)
   assert "| `ngram` | 2.00x (2.00) | 2.00x (2.00) |" in table
-  assert table == report.render("spec-bench.speedup", str(tmp_path / "r.jsonl"))
+  assert table == tables.render("spec-bench.speedup", str(tmp_path / "r.jsonl"))
 
 
 def test_legacy_spec_bench_report_keeps_every_figure():

@@ -303,16 +303,16 @@ def test_every_record_file_reads_under_the_schema():
 
 def test_every_quoted_table_is_what_its_records_say():
   """A table between `<!-- table NAME FILE -->` markers in README or docs is rendered from
-  FILE by `jspec.bench.report.TABLES[NAME]`, and must be exactly that."""
-  from jspec.bench import report
+  FILE by `jspec.bench.tables.TABLES[NAME]`, and must be exactly that."""
+  from jspec.bench import tables
 
   found, wrong = 0, []
   for page in _markdown_files():
-    for name, path, shown in report.quoted_tables(page.read_text(encoding="utf-8")):
+    for name, path, shown in tables.quoted_tables(page.read_text(encoding="utf-8")):
       found += 1
-      fresh = report.render(name, str(ROOT / path))
+      fresh = tables.render(name, str(ROOT / path))
       if fresh != shown:
         wrong.append(f"{page.relative_to(ROOT)}: table {name} from {path}:\n{fresh}")
   assert found, "no quoted tables found: the markers' form changed?"
   assert not wrong, ("tables that differ from their records (python -c 'from jspec.bench "
-                     "import report; ...refresh'):\n" + "\n".join(wrong))
+                     "import tables; ...refresh'):\n" + "\n".join(wrong))

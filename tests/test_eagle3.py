@@ -221,7 +221,7 @@ def test_eagle_trees_study_on_a_saved_head(target, eagle3, tmp_path):
   assert [r.equal for r in shapes] == [True] * 3 and all(r.tokens == 16 for r in shapes)
   assert [(r.axes["verify_tokens"], r.extra["head_passes_per_round"]) for r in shapes] == [
       (4, 3), (6, 3), (8, 2)]
-  table = report.TABLES["eagle-trees.shapes"]({}, shapes).splitlines()
+  table = report.eagle_trees_shapes({}, shapes).splitlines()
   assert table[2].startswith("| chain K=3 | 4 | 3 |")
   assert table[4].startswith("| tree 8 nodes, depth 2, top-4 | 8 | 2 |")
 

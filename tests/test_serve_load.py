@@ -12,7 +12,7 @@ import pytest
 
 from jspec.bench import metrics as M
 from jspec.bench import records as R
-from jspec.bench import report
+from jspec.bench import tables
 from jspec.bench import serve_load as sb
 from jspec.bench.workloads import Prompt, Workload
 
@@ -102,10 +102,10 @@ def test_request_bodies_from_workload_prompts():
 
 
 def test_brace_paths():
-  assert report.paths("a/x_{p,q}.jsonl") == ["a/x_p.jsonl", "a/x_q.jsonl"]
-  assert report.paths("a/x.jsonl") == ["a/x.jsonl"]
+  assert tables.paths("a/x_{p,q}.jsonl") == ["a/x_p.jsonl", "a/x_q.jsonl"]
+  assert tables.paths("a/x.jsonl") == ["a/x.jsonl"]
   with pytest.raises(ValueError):
-    report.paths("a/{p,q}_{r,s}.jsonl")
+    tables.paths("a/{p,q}_{r,s}.jsonl")
 
 
 class _StandIn(http.server.BaseHTTPRequestHandler):
@@ -210,7 +210,7 @@ def test_client_against_a_stand_in_server(tmp_path, capsys):
   assert sb.main(["--report", path]) == 0
   out = capsys.readouterr().out
   assert "| stand-in | 50 | 8 / 5 |" in out and "| 2.00 | 4: 15 |" in out
-  assert report.render("serve.load", path) == sb.table(sb.runs_of(head, records))
+  assert tables.render("serve.load", path) == sb.table(sb.runs_of(head, records))
 
 
 def test_a_run_written_before_the_harness_converts_unchanged():

@@ -18,7 +18,7 @@ Per prompt (the `chat` workload's held-out prompts, `per_kind` of each kind, bat
 greedy), one runner times all six variants interleaved: jspec's plain and speculative
 decoding (`plain`, `draft@k=K`, `draft@k=auto`) and transformers' greedy and assisted
 generation (`transformers`, `transformers-assisted@k=K`, `...+confidence`). The printed
-table (`report.TABLES["assisted.tokens-per-s"]`, the one docs/benchmarks.md quotes) gives
+table (`tables.TABLES["assisted.tokens-per-s"]`, the one docs/benchmarks.md quotes) gives
 tokens/s per kind, each speculative variant over its own library's greedy; jspec's
 speculative answers must equal its greedy ones (exit code 1 otherwise).
 """

@@ -13,7 +13,7 @@ decoding's. The head is the shipped EAGLE head that fits the target (the registr
 "eagle3"), or --head. Tau only: where a verify of up to 32 tokens costs about one step,
 the tree's cost over the chain is its drafting, `depth` passes of the head against K
 (`jspec bench --suite spec-bench --methods eagle3,eagle3-tree` times both). The table is
-`jspec.bench.report.TABLES["eagle-trees.shapes"]`.
+`jspec.bench.tables.TABLES["eagle-trees.shapes"]`.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                        "batch": 1, "temperature": 0.0}}
   shapes = [r for r in ran.records if r.method != runner.PLAIN]
   return report.finish(ran, STUDY, head["settings"], {
-      "tau by shape": report.TABLES["eagle-trees.shapes"](head, shapes)}, args.json,
+      "tau by shape": report.eagle_trees_shapes(head, shapes)}, args.json,
       target=args.target, drafter=args.head or "eagle3", questions=args.questions)
 
 

@@ -385,8 +385,9 @@ def _speedup_cell(recs, base) -> str:
   return cell + ("" if M.all_equal(recs) is not False else " (differs from plain)")
 
 
-def tables(head: dict, recs) -> dict[str, str]:
-  """The report: a titled markdown table per section the records hold."""
+def section_tables(head: dict, recs) -> dict[str, tuple[str, str]]:
+  """{section: (title, markdown table)} of each section the records hold that has a table
+  (`TABLE_SECTIONS`)."""
   out, have = {}, {r.axes.get("section") for r in recs}
   if "k_sweep" in have:
     plain = M.select(_of(recs, "k_sweep"), method=runner.PLAIN)
@@ -396,30 +397,31 @@ def tables(head: dict, recs) -> dict[str, str]:
       rows.append([f"`{name}`", f"{r['tau']:.2f}", cell] + (
           [_x(r["ideal"]), f"{r['measured_over_ideal']:.2f}", _x(r["ideal_apart"])]
           if "ideal" in r else ["", "", ""]))
-    out[f"batch 1, held-out code ({len(plain)} prompts), greedy: plain "
-        f"{M.tokens_per_s(plain):.0f} tok/s"] = report.markdown(rows)
+    out["k_sweep"] = (f"batch 1, held-out code ({len(plain)} prompts), greedy: plain "
+                      f"{M.tokens_per_s(plain):.0f} tok/s", report.markdown(rows))
   if "steady" in have:
     st = steady_rows(head, recs)
     rows = [["method", "tau", "ms per round", "speedup", "ideal", "measured / ideal"]]
     rows += [[f"`{n}`", f"{r['tau']:.2f}", f"{r['round_ms']:.2f}", _x(r["speedup"])] + (
         [_x(r["ideal"]), f"{r['measured_over_ideal']:.2f}"] if "ideal" in r else ["", ""])
              for n, r in st.items() if n != runner.PLAIN]
-    out[f"steady state (no prefill): plain {st[runner.PLAIN]['ms_per_token']:.2f} ms/token"] = (
-        report.markdown(rows))
+    out["steady"] = (f"steady state (no prefill): plain {st[runner.PLAIN]['ms_per_token']:.2f} "
+                     "ms/token", report.markdown(rows))
   if "batch_sweep" in have:
     part = _of(recs, "batch_sweep")
-    out["speedup over plain decoding by batch size (code, greedy)"] = report.pivot(
+    out["batch_sweep"] = ("speedup over plain decoding by batch size (code, greedy)", report.pivot(
         part, "method", "batch", _speedup_cell, overall=False, skip_rows=(),
-        corner="method \\ batch")
+        corner="method \\ batch"))
   if "latency" in have:
     part = _of(recs, "latency")
-    out["inter-token latency p50 / p99, ms, by batch size (code, greedy)"] = report.pivot(
-        part, "method", "batch", lambda mine, _: "{p50:.1f} / {p99:.1f}".format(
-            **_ms(M.inter_token(mine))), overall=False, skip_rows=(), corner="method \\ batch")
+    cell = lambda mine, _: "{p50:.1f} / {p99:.1f}".format(**_ms(M.inter_token(mine)))
+    out["latency"] = ("inter-token latency p50 / p99, ms, by batch size (code, greedy)",
+                      report.pivot(part, "method", "batch", cell, overall=False, skip_rows=(),
+                                   corner="method \\ batch"))
   if "tasks" in have:
-    out["batch 1 tasks: speedup over plain decoding (tau)"] = report.pivot(
+    out["tasks"] = ("batch 1 tasks: speedup over plain decoding (tau)", report.pivot(
         _of(recs, "tasks"), "method", "task", report.speedup_tau, overall=False,
-        skip_rows=(runner.PLAIN, runner.plain(SAMPLED[0]).name))
+        skip_rows=(runner.PLAIN, runner.plain(SAMPLED[0]).name)))
   if "heads" in have:
     part = _of(recs, "heads")
     trees = head["sections"]["heads"]["trees"]
@@ -430,8 +432,32 @@ def tables(head: dict, recs) -> dict[str, str]:
                f"{trees[a['drafter']]['nodes']} nodes, depth {a['k']}")
       rows.append([f"`{name}`", shape, f"{M.tau(mine):.2f}",
                    _speedup_cell(mine, M.select(part, method=runner.PLAIN))])
-    out["self-drafting heads, batch 1, held-out code, greedy"] = report.markdown(rows)
+    out["heads"] = ("self-drafting heads, batch 1, held-out code, greedy", report.markdown(rows))
   return out
+
+
+TABLE_SECTIONS = ("k_sweep", "steady", "batch_sweep", "latency", "tasks", "heads")
+
+
+def tables(head: dict, recs) -> dict[str, str]:
+  """The report: {title: markdown table} of each section the records hold."""
+  return dict(section_tables(head, recs).values())
+
+
+def section_table(section: str):
+  """The table of one section as a function of (header, records), the form the docs'
+  quoted tables take (`jspec.bench.tables.TABLES["pair.SECTION"]`)."""
+  if section not in TABLE_SECTIONS:
+    raise ValueError(f"no table for section {section!r}; known: {', '.join(TABLE_SECTIONS)}")
+
+  def table(head: dict, recs) -> str:
+    got = section_tables(head, recs)
+    if section not in got:
+      raise ValueError(f"the records hold no {section!r} section")
+    return got[section][1]
+
+  table.__doc__ = f"`jspec bench`'s {section} table."
+  return table
 
 
 def lines(head: dict, recs) -> list[str]:

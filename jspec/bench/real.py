@@ -26,7 +26,7 @@ and figures are made from every file there:
                 against transformers' prompt lookup (`prompt_lookup_num_tokens=K`, the same
                 longest n-gram), each over its own library's greedy; jspec's speculative
                 answers must equal its greedy ones token for token (a record per prompt;
-                the table README quotes is `report.TABLES["real-ngram.transformers"]`);
+                the table README quotes is `tables.TABLES["real-ngram.transformers"]`);
   batch         jspec at larger batch sizes (rows: the prompts cycled): plain decoding and
                 n-gram at the fixed K and "auto";
   floor         the weight-streaming floor of a batch-1 step (weight bytes over the copy

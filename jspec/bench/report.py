@@ -1,24 +1,19 @@
-"""Tables and plots of records, by any axis; the tables the docs quote, by name.
+"""Tables and plots of records, by any axis, and the studies' tables the docs quote.
 
     print(report.pivot(recs, rows="method", cols="category", cell=report.speedup_tau))
-    report.TABLES["spec-bench.speedup"](header, recs)      # what docs/benchmarks.md shows
+    report.spec_bench_speedup(header, recs)      # what docs/benchmarks.md shows
 
 A cell function takes (records of the cell, plain decoding's records on the same prompts)
-and returns the cell's text. A table the docs quote is written between
-
-    <!-- table NAME FILE -->
-    ...
-    <!-- /table -->
-
-in README.md or docs/*.md; `tests/test_docs.py` renders `TABLES[NAME]` from the records of
-FILE and fails where the page says anything else. FILE may name several files with one
-brace group, `docs/bench/serve/restate_{jspec-plain,vllm-plain}.jsonl`, read in that order.
+and returns the cell's text. The docs name the tables they quote through
+`jspec.bench.tables.TABLES`, which holds these functions and the study modules' own.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Callable
+
+import numpy as np
 
 from jspec.bench import metrics as M
 from jspec.bench import questions
@@ -209,17 +204,32 @@ _LOAD_METHODS = {"ngram4": "n-gram K = 4", "auto": '`"auto"`'}  # engine_load.py
 def engine_load(header: dict, recs) -> str:
   """benchmarks/engine_load.py's table: per workload, rate and method, tokens/s and against
   plain decoding's, TTFT and TPOT p50 / p99, tau, and the rounds at each K (the header's
-  `runs`)."""
+  `runs`). With repeats (axis `repeat`; records without it are one repeat): tok/s is the
+  median over repeats, "x plain" the median of each repeat's ratio to plain decoding's in the
+  same repeat (the same arrivals), the percentiles pool every repeat's requests, and the
+  rounds at each K are summed."""
   runs = header.get("runs", {})
+  rep = lambda r: r.axes.get("repeat", 0)
   rows = [["workload", "req/s", "method", "tok/s", "x plain", "TTFT p50 / p99 s",
            "TPOT p50 / p99 ms", "tau", "rounds by K"]]
   for (w, rate, m), mine in M.group(recs, "workload", "rate", "method").items():
     res = load_figures(mine)
     plain = M.select(recs, workload=w, rate=rate, method="plain")
-    ratio = res["tokens_per_s"] / load_figures(plain)["tokens_per_s"] if plain else float("nan")
-    by_k = runs.get(f"{w}/{rate:g}/{m}", {}).get("rounds_by_k")
+    by_rep = {}
+    for r in mine:
+      by_rep.setdefault(rep(r), []).append(r)
+    speed = {i: load_figures(part)["tokens_per_s"] for i, part in by_rep.items()}
+    ratios = [speed[i] / load_figures([r for r in plain if rep(r) == i])["tokens_per_s"]
+              for i in speed if any(rep(r) == i for r in plain)]
+    ratio = float(np.median(ratios)) if ratios else float("nan")
+    by_k: dict = {}
+    for i in sorted(by_rep):
+      key = f"{w}/{rate:g}/{m}" + (f"/{i}" if i else "")
+      for k, n in runs.get(key, {}).get("rounds_by_k", {}).items():
+        by_k[k] = by_k.get(k, 0) + n
     by_k = ", ".join(f"{k}: {n}" for k, n in by_k.items()) if by_k else "-"
-    rows.append([w, f"{rate:g}", _LOAD_METHODS.get(m, m), f"{res['tokens_per_s']:.1f}",
+    rows.append([w, f"{rate:g}", _LOAD_METHODS.get(m, m),
+                 f"{float(np.median(list(speed.values()))):.1f}",
                  f"{ratio:.2f}", f"{res['ttft_p50']:.2f} / {res['ttft_p99']:.2f}",
                  f"{1000 * res['tpot_p50']:.0f} / {1000 * res['tpot_p99']:.0f}",
                  f"{res['tau']:.2f}", by_k])
@@ -454,79 +464,6 @@ def spec_bench_readme(header: dict, recs) -> str:
              f"{M.speedup(base, mine):.2f}x", board]
     out.append(line)
   return markdown(out)
-
-
-TABLES: dict[str, Callable] = {
-    "spec-bench.readme": spec_bench_readme,
-    "spec-bench.speedup": spec_bench_speedup,
-    "spec-bench.predicted": spec_bench_predicted,
-    "serve.load": serve_load,
-    "real-ngram.transformers": real_ngram_transformers,
-    "heads-real.sets": heads_real_sets,
-    "assisted.tokens-per-s": assisted_tokens_per_s,
-    "eagle-trees.shapes": eagle_trees_shapes,
-    "spec-bench.heads-385k": spec_bench_heads({
-        "draft": "draft model (shipped), K = 4", "eagle3": "EAGLE-3 (shipped), K = 4",
-        "eagle3-tree": "EAGLE-3 (shipped), dynamic tree 32 nodes, depth 4, top-8",
-        "dflash": "DFlash (385k point), K = 4"}),
-    "spec-bench.heads-1.13m": spec_bench_heads_against({
-        "draft": "draft model (shipped), K = 4", "eagle3": "EAGLE-3 (1.13M head), K = 4",
-        "eagle3-tree": "EAGLE-3 (1.13M head), dynamic tree 32 nodes, depth 4, top-8"}),
-    "capacity.cache": capacity_cache,
-    "many.static": many_static,
-    "many.vllm": many_vllm,
-    "engine.load": engine_load,
-}
-
-MARKER = re.compile(r"<!-- table (\S+) (\S+) -->\n(.*?)\n<!-- /table -->", re.S)
-
-
-def quoted_tables(text: str) -> list[tuple[str, str, str]]:
-  """(table name, records file, the table as the page shows it) of each marked table."""
-  return [(m.group(1), m.group(2), m.group(3).strip()) for m in MARKER.finditer(text)]
-
-
-def paths(path: str) -> list[str]:
-  """The files `path` names: itself, or one per item of its one brace group
-  (`a_{x,y}.jsonl` -> a_x.jsonl, a_y.jsonl)."""
-  m = re.fullmatch(r"([^{}]*)\{([^{}]*)\}([^{}]*)", path)
-  if m is None:
-    if "{" in path or "}" in path:
-      raise ValueError(f"{path!r}: at most one brace group, {{a,b}}")
-    return [path]
-  return [m.group(1) + item + m.group(3) for item in m.group(2).split(",")]
-
-
-def read(path: str) -> tuple[dict, list]:
-  """(header, records) of the files `path` names (`paths`): one file's own header, or
-  {"files": [each file's header]} of several, their records joined in order."""
-  from jspec.bench import records
-
-  heads, recs = [], []
-  for one in paths(path):
-    head, mine = records.read(one)
-    heads.append(head)
-    recs += mine
-  return (heads[0] if len(heads) == 1 else {"files": heads}), recs
-
-
-def render(name: str, path: str) -> str:
-  """The table `name` rendered from the records in `path` (relative to the repository)."""
-  if name not in TABLES:
-    raise ValueError(f"unknown table {name!r}; known: {', '.join(TABLES)}")
-  head, recs = read(path)
-  return TABLES[name](head, recs)
-
-
-def refresh(text: str, root: str = ".") -> str:
-  """A page with every marked table rendered again from its records."""
-  import os
-
-  def sub(m):
-    table = render(m.group(1), os.path.join(root, m.group(2)))
-    return f"<!-- table {m.group(1)} {m.group(2)} -->\n{table}\n<!-- /table -->"
-
-  return MARKER.sub(sub, text)
 
 
 # ----------------------------------------------------------------------------- plots

@@ -290,7 +290,7 @@ def rows(header: dict, records) -> list[dict]:
 
 def runs_of(header: dict, records) -> list[tuple[str, dict, list]]:
   """(label, header, records) of each run, in the order first seen. header: one file's, or
-  {"files": [header, ...]} of several (`jspec.bench.report.read`); a run's header is the
+  {"files": [header, ...]} of several (`jspec.bench.tables.read`); a run's header is the
   one naming its label."""
   heads = header.get("files", [header])
   by_label = {h.get("label"): h for h in heads}
