@@ -142,20 +142,21 @@ def weight_bytes(model: Model) -> int:
 
 
 def steady(target, variants: dict, prompts, new_tokens: int = 256, repeats: int = 7,
-           study: str = "steady") -> list:
+           study: str = "steady", **options) -> list:
   """Records of each variant's steady state: {name: `methods.Built` (None: plain decoding)},
   each run on `prompts` (one call, greedy, every row to the end, EOS ignored) for
   `new_tokens` and for a quarter of that on the same cache, all interleaved
   (`runner.interleave`) after an untimed run of each; axes length ("long" / "short"),
   new_tokens, k, batch. The long run's extra over the short one
   (`metrics.steady_seconds(short, long, per="tokens" | "rounds")`) leaves out the call's
-  fixed part (prefill, host work, transfers), which a long run only dilutes."""
+  fixed part (prefill, host work, transfers), which a long run only dilutes. options: the
+  calls' keyword arguments (`cache_length`, as `runner.jspec_call` takes them)."""
   from jspec.bench import records, runner
 
   short = max(new_tokens // 4, 1)
   if new_tokens <= short:
     raise ValueError(f"steady needs new_tokens >= 2, got {new_tokens}")
-  fns = {name: runner.jspec_call(target, built, prompts, new_tokens, 0.0, 0, False)
+  fns = {name: runner.jspec_call(target, built, prompts, new_tokens, 0.0, 0, False, **options)
          for name, built in variants.items()}
   calls = {f"{name}/{length}": (lambda fn, n: lambda: fn(n))(fn, n)
            for name, fn in fns.items() for length, n in (("long", new_tokens), ("short", short))}

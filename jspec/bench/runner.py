@@ -162,8 +162,8 @@ def jspec_call(target, built, rows: list[list[int]], max_new_tokens: int, temper
   tokens = np.zeros((len(rows), P), np.int32)
   for i, r in enumerate(rows):
     tokens[i, :len(r)] = r
-  kw = dict(prompt_lengths=[len(r) for r in rows], cache_length=S, temperature=temperature,
-            seed=seed, **({} if eos else {"eos_id": ()}), **options)
+  kw = {**dict(prompt_lengths=[len(r) for r in rows], cache_length=S, temperature=temperature,
+              seed=seed, **({} if eos else {"eos_id": ()})), **options}  # options may set S
   if built is None:
     return lambda n, **more: jspec.generate(target, tokens, max_new_tokens=n, **kw, **more)
   drafter = built.drafter
