@@ -23,6 +23,8 @@ from jspec.models.transformer import (
     init_cache,
     init_params,
     make_model,
+    quantize_model,
+    quantize_params,
 )
 
 __all__ = [
@@ -41,4 +43,6 @@ __all__ = [
     "init_cache",
     "init_params",
     "make_model",
+    "quantize_model",
+    "quantize_params",
 ]

