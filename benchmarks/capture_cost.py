@@ -43,10 +43,7 @@ def main() -> None:
   ap.add_argument("--layers", default="2,15,27")
   ap.add_argument("--json", default=None)
   args = ap.parse_args()
-  try:
-    path = targets.resolve(targets.SMOLLM2)
-  except FileNotFoundError as e:
-    raise SystemExit(str(e)) from None
+  path = targets.resolve_or_exit(targets.SMOLLM2)
   target = targets.load(path)
   layers = tuple(int(x) for x in args.layers.split(","))
   encode = answers.chat_encoder(target.tokenizer)

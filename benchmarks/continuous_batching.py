@@ -44,10 +44,7 @@ from jspec.bench.workloads import chat_prompts
 
 
 def _model():
-  try:
-    path = targets.resolve(targets.SMOLLM2)
-  except FileNotFoundError as e:
-    raise SystemExit(str(e)) from None
+  path = targets.resolve_or_exit(targets.SMOLLM2)
   return targets.load(path, dtype=None)
 
 

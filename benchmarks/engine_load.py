@@ -93,10 +93,7 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
-  try:
-    path = targets.resolve(targets.SMOLLM2)
-  except FileNotFoundError as e:
-    raise SystemExit(str(e)) from None
+  path = targets.resolve_or_exit(targets.SMOLLM2)
   model = targets.load(path, dtype=None)
   tok = model.tokenizer
   methods = args.methods.split(",")

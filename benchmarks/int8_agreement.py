@@ -29,10 +29,7 @@ def main(argv=None) -> int:
   p.add_argument("--new", type=int, default=64, help="new tokens per answer (EOS ignored)")
   p.add_argument("--json", default=None)
   args = p.parse_args(argv)
-  try:
-    path = targets.resolve(targets.SMOLLM2)
-  except FileNotFoundError as e:
-    raise SystemExit(str(e)) from None
+  path = targets.resolve_or_exit(targets.SMOLLM2)
   f32 = targets.load(path, dtype="float32")
   int8 = targets.load(path, dtype="float32", weights="int8")
   tok = f32.tokenizer

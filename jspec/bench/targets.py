@@ -89,6 +89,15 @@ def _cached_snapshot(repo_id: str, cache_dir: str | None) -> str | None:
   return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
 
 
+def resolve_or_exit(spec: str, **options) -> str:
+  """`resolve(spec, **options)`, or for a script's command line a SystemExit that prints
+  why not (the model is not installed or not found) instead of a traceback."""
+  try:
+    return resolve(spec, **options)
+  except FileNotFoundError as e:
+    raise SystemExit(str(e)) from None
+
+
 def load(spec: str, dtype="float32", *, download: bool = False, cache_dir: str | None = None,
          weights: str | None = None):
   """The `jspec.Model` a target spec names (`resolve`), loaded by
