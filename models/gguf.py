@@ -17,6 +17,15 @@ What llama.cpp's converter changed, undone here:
 The header is parsed by `jspec.models.gguf_file`; each tensor is read with one positioned
 read and dequantised to f32 just before it is placed, so host memory holds the
 params placed so far and about one tensor more.
+
+`load_gguf(path, keep=True)` (`jspec.load(path, weights="gguf")`) keeps the file's
+quantization instead: each matrix of type Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K or Q6_K is held
+as its values and block scales (`jspec.core.quant.QuantWeight`: 4-bit values as int4 /
+uint4, 5- and 6-bit ones in int8; a scale, and for Q4_1, Q5_1 and the K-quants an offset,
+per group of 32 or 16 inputs), so the model computes with exactly the weights the file
+describes and holds about the file's bytes; other types are dequantised as above. Layers
+of one param stored in different types (a Q4_K_M file's Q4_K and Q6_K layers) are brought
+to one form, exactly (`jspec.core.quant.common_form`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import re
 
 import numpy as np
 
+from jspec.core import quant
 from jspec.models import hf
 
 # llama.cpp architecture name -> Hugging Face model_type of the same decoder.
@@ -160,8 +170,10 @@ def _type_name(kind: int) -> str:
   return gguf.GGMLQuantizationType(kind).name
 
 
-def tensor_source(reader, path: str, cfg: dict) -> hf.TensorSource:
-  """The file's tensors under Hugging Face names, dequantised (and un-permuted) on read."""
+def tensor_source(reader, path: str, cfg: dict, keep: bool = False) -> hf.TensorSource:
+  """The file's tensors under Hugging Face names, dequantised (and un-permuted) on read;
+  with `keep`, the matrices of the types `gguf_file.KEPT` lists come as quantized weights
+  (`gguf_file.read_blocks`) instead."""
   from jspec.models import gguf_file
 
   kind = cfg["model_type"]
@@ -182,26 +194,32 @@ def tensor_source(reader, path: str, cfg: dict) -> hf.TensorSource:
     raise GGUFError(f"{path}: tensors that a {kind} decoder has no place for: {unknown[:8]}")
   heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
 
-  def read(name: str) -> np.ndarray:
+  def quantized(name: str) -> bool:
+    return keep and name in by_name and gguf_file.kept(reader, by_name[name].name)
+
+  def read(name: str):
     t = by_name[name]
     try:
-      value = gguf_file.read_tensor(reader, t.name)
+      value = (gguf_file.read_blocks(reader, t.name) if quantized(name)
+               else gguf_file.read_tensor(reader, t.name))
     except gguf_file.GGUFFormatError as e:
       raise GGUFError(str(e)) from None
     except Exception as e:
       raise GGUFError(f"{path}: cannot dequantise tensor {t.name} "
                       f"({_type_name(t.type)}): {e}") from None
-    if kind in ("llama", "mistral"):
-      if ".q_proj." in name:
-        value = _unpermute(value, heads)
-      elif ".k_proj." in name:
-        value = _unpermute(value, kv_heads)
+    if kind in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
+      n = heads if ".q_proj." in name else kv_heads
+      value = (_unpermute(value, n) if not isinstance(value, quant.QuantWeight) else
+               quant.QuantWeight(q=_unpermute(value.q, n), scale=_unpermute(value.scale, n),
+                                 offset=None if value.offset is None else
+                                 _unpermute(value.offset, n)))
     if kind == "gemma2" and name.endswith("norm.weight"):
       value = value - 1.0
     return value
 
   where = lambda name: f"{path} ({by_name[name].name})" if name in by_name else path
-  return hf.TensorSource(names=frozenset(by_name), read=read, where=where, origin=path)
+  return hf.TensorSource(names=frozenset(by_name), read=read, where=where, origin=path,
+                         quantized=quantized)
 
 
 def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -210,16 +228,19 @@ def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
   return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str, dtype=None, layout=None, reader=None):
+def load_gguf(path: str, dtype=None, layout=None, reader=None, keep: bool = False):
   """A `jspec.Model` (weights only) from a GGUF file; see the module docstring.
 
-  dtype: the params' dtype (default f32: what the quantised values dequantise to);
-  layout: optional `jspec.core.sharding.Layout`, as in `hf.load_hf`.
+  dtype: the params' dtype (default f32: what the quantised values dequantise to; with
+  `keep`, the dtype of the scales and of the weights read as floats);
+  layout: optional `jspec.core.sharding.Layout`, as in `hf.load_hf`;
+  keep: hold the matrices of the types `gguf_file.KEPT` lists as they are stored, as
+  `jspec.core.quant.QuantWeight`s (what `jspec.load(path, weights="gguf")` asks for).
   """
   path = os.fspath(path)
   reader = open_reader(path) if reader is None else reader
   cfg = hf_config(reader, path)
   family = hf.family_of(cfg)
-  source = tensor_source(reader, path, cfg)
+  source = tensor_source(reader, path, cfg, keep=keep)
   return hf.load_tensors(cfg, family, source, dtype=np.float32 if dtype is None else dtype,
                          layout=layout)

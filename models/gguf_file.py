@@ -177,3 +177,85 @@ def read_tensor(file: GGUFFile, name: str) -> np.ndarray:
   # The package dequantises rows of whole blocks: [rows, bytes per row].
   rows = raw.reshape(-1, info.dims[0] // block * type_size)
   return np.asarray(gguf.quants.dequantize(rows, qtype), np.float32).reshape(info.shape)
+
+
+# GGML types that load as quantized weights (`read_blocks`): name -> (inputs per scale,
+# storage dtype of the values, value range). Each is w = scale * q (+ offset) over groups of
+# consecutive inputs within a row; Q5's 5-bit and Q6_K's 6-bit values are held in int8. The
+# other types (Q2_K, Q3_K, the IQ and ternary ones) are read dequantized.
+KEPT = {"Q8_0": (32, "int8", (-128, 127)), "Q4_0": (32, "int4", (-8, 7)),
+        "Q4_1": (32, "uint4", (0, 15)), "Q5_0": (32, "int8", (-16, 15)),
+        "Q5_1": (32, "int8", (0, 31)), "Q4_K": (32, "uint4", (0, 15)),
+        "Q5_K": (32, "int8", (0, 31)), "Q6_K": (16, "int8", (-32, 31))}
+
+
+def kept(file: GGUFFile, name: str) -> bool:
+  """Whether tensor `name` loads as a quantized weight (`read_blocks`): a matrix of one of
+  the `KEPT` types in a little-endian file."""
+  import gguf
+
+  info = file.tensors[name]
+  return (file.byte_order == "<" and len(info.dims) == 2
+          and gguf.GGMLQuantizationType(info.type).name in KEPT)
+
+
+def _half(blocks: np.ndarray, at: int) -> np.ndarray:
+  return np.ascontiguousarray(blocks[:, at:at + 2]).view("<f2").astype(np.float32)
+
+
+def _block_scales(kind: str, blocks: np.ndarray):
+  """(scale, offset or None), [blocks, groups per block] in f32, read from the blocks'
+  headers ([blocks, bytes per block] uint8), as ggml's dequantisation computes them."""
+  import gguf
+
+  if kind in ("Q8_0", "Q4_0", "Q5_0"):  # d, then the values
+    return _half(blocks, 0), None
+  if kind in ("Q4_1", "Q5_1"):  # d, m: w = d q + m
+    return _half(blocks, 0), _half(blocks, 2)
+  if kind in ("Q4_K", "Q5_K"):  # d, dmin, 12 bytes of 6-bit scales and mins per 32 inputs
+    sc, m = gguf.quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+    return _half(blocks, 0) * sc.astype(np.float32), -(_half(blocks, 2) * m.astype(np.float32))
+  if kind == "Q6_K":  # 128 + 64 bytes of values, 16 int8 scales per 16 inputs, then d
+    sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+    return _half(blocks, 208) * sc, None
+  raise ValueError(f"no quantized form for GGML type {kind}")
+
+
+def read_blocks(file: GGUFFile, name: str):
+  """Tensor `name` (a `kept` one) as a `jspec.core.quant.QuantWeight` of NumPy arrays in
+  NumPy (row-major) shape [out, in]: q [out, in] in the `KEPT` storage dtype, scale (and
+  offset) [out, in / group] in f32.
+
+  The scales and offsets are read from the blocks' headers; the values are the `gguf`
+  package's dequantised weights solved for q (round((w - offset) / scale)), so the bit
+  layouts of the types are the package's, and every q is checked to give back the
+  package's weights (GGUFFormatError otherwise)."""
+  import gguf
+  import ml_dtypes
+
+  from jspec.core import quant
+
+  info = file.tensors[name]
+  qtype = gguf.GGMLQuantizationType(info.type)
+  group, storage, (lo, hi) = KEPT[qtype.name]
+  block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+  with open(file.path, "rb") as f:
+    f.seek(info.offset)
+    raw = np.frombuffer(f.read(info.n_bytes), np.uint8)
+  if raw.size != info.n_bytes:
+    raise GGUFFormatError(f"{file.path}: tensor {name} is truncated")
+  rows, width = info.shape
+  w = np.asarray(gguf.quants.dequantize(raw.reshape(rows, -1), qtype), np.float32)
+  scale, offset = _block_scales(qtype.name, raw.reshape(-1, type_size))
+  scale = scale.reshape(rows, width // group)
+  offset = None if offset is None else offset.reshape(rows, width // group)
+  full = lambda x: np.repeat(x, group, axis=1)
+  s = full(scale)
+  shifted = w if offset is None else w - full(offset)
+  q = np.where(s != 0, np.round(shifted / np.where(s != 0, s, 1)), 0)
+  back = q * s if offset is None else q * s + full(offset)
+  if not (np.all((q >= lo) & (q <= hi)) and np.allclose(back, w, rtol=1e-6, atol=1e-30)):
+    raise GGUFFormatError(f"{file.path}: tensor {name} ({qtype.name}) does not decode into "
+                          f"values in {lo}..{hi} times its block scales")
+  dtype = {"int8": np.int8, "int4": ml_dtypes.int4, "uint4": ml_dtypes.uint4}[storage]
+  return quant.QuantWeight(q=q.astype(dtype), scale=scale, offset=offset)

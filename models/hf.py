@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
 from jspec.core.nn import (DenseMLP, GatedMLP, LayerNorm, Learned, LinearScaling,
                                  Llama3Scaling, RMSNorm, Rotary)
 from jspec.models.transformer import (FULL, SLIDING, TransformerConfig, init_params,
@@ -402,8 +403,10 @@ class TensorSource:
   """Named tensors in Hugging Face naming, read one at a time.
 
   `read(name)` returns a NumPy array in the torch layout (Linear weights
-  [out, in]); `where(name)` names the file it lives in, for error messages;
-  `origin` names the checkpoint. A safetensors directory and a GGUF file
+  [out, in]), or for a tensor `quantized(name)` says is stored quantized, a
+  `jspec.core.quant.QuantWeight` of NumPy arrays in that layout (q [out, in], scale and
+  offset [out, in / group]); `where(name)` names the file it lives in, for error
+  messages; `origin` names the checkpoint. A safetensors directory and a GGUF file
   (`jspec.models.gguf`) are both read through this.
   """
 
@@ -411,6 +414,7 @@ class TensorSource:
   read: Callable[[str], np.ndarray]
   where: Callable[[str], str]
   origin: str
+  quantized: Callable[[str], bool] = lambda name: False
 
 
 def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None, layout=None,
@@ -420,7 +424,9 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
   Tensors are read one at a time. Without a layout each layer's slice is written
   in place into a preallocated device stack; with one, stacks are filled on the
   host and placed shard by shard as soon as they are complete. Either way host
-  memory holds little beyond the params already placed.
+  memory holds little beyond the params already placed. A param whose tensors the
+  source holds quantized is stacked on the host in that form (`_quantized_rule`) and
+  placed as a `jspec.core.quant.QuantWeight` (its layers brought to one form first).
   """
   config = family.config(cfg) if config is None else config
   files = source.names
@@ -437,6 +443,7 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
     return source.read(name)
 
   out: dict[str, np.ndarray] = {}
+  pending: dict[str, list] = {}  # quantized param -> its layers' values, stacked at placing
   used: set[str] = set()
   expected_shapes: dict[Rule, list] = {}
   L = config.num_hidden_layers
@@ -454,7 +461,24 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
         raise CheckpointError(f"{source.where(n)}: tensor {n} has shape {tuple(arr.shape)}, "
                               f"expected {expected} for this config")
     used.update(names)
-    for p, value in zip(rule.ours, rule.load(config, *arrays)):
+    if any(isinstance(a, quant.QuantWeight) for a in arrays):
+      values = _quantized_rule(rule, config, arrays)
+    else:
+      values = rule.load(config, *arrays)
+    for p, value in zip(rule.ours, values):
+      if isinstance(value, quant.QuantWeight) or p in quantized:
+        float_dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+        if isinstance(value, quant.QuantWeight):
+          value = quant.QuantWeight(
+              q=value.q, scale=value.scale.astype(float_dtype),
+              offset=None if value.offset is None else value.offset.astype(float_dtype))
+        else:
+          value = np.asarray(value).astype(float_dtype, copy=False)
+        if layer is None:
+          out[p] = value
+        else:
+          pending.setdefault(p, [None] * L)[layer] = value
+        continue
       value = np.asarray(value)
       target_dtype = np.dtype(dtype) if dtype is not None else value.dtype
       if layer is None:
@@ -469,12 +493,23 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
         out[p][layer] = value
 
   axes = None if layout is None else _flatten(logical_axes(config)[0])
+  # Params some layer of which the source holds quantized: stacked as quantized weights.
+  quantized = {p for rule in layer_rules for p in rule.ours
+               if any(source.quantized(layer_prefix.format(i) + n)
+                      for i in range(L) for n in rule.theirs)}
 
   def place(paths):
     """Move finished params to the device (sharded when a layout is given) right away,
     so host memory holds at most one stacked param at a time."""
     for p in paths:
-      if p in out and isinstance(out[p], np.ndarray):
+      if p in pending:
+        out[p] = _stack(pending.pop(p))
+      if p in out and isinstance(out[p], quant.QuantWeight):
+        value = out[p]
+        out[p] = (jax.tree_util.tree_map(jnp.asarray, value) if layout is None
+                  else jax.device_put(value, layout.tree_shardings(value, axes[p])))
+        del value
+      elif p in out and isinstance(out[p], np.ndarray):
         value = out[p]
         out[p] = (jnp.asarray(value) if layout is None
                   else jax.device_put(value, layout.sharding(value.shape, axes[p])))
@@ -507,6 +542,56 @@ def load_tensors(cfg: dict, family: Family, source: TensorSource, *, dtype=None,
   if missing:
     raise CheckpointError(f"the checkpoint in {path} has no tensors for params {missing}")
   return make_model(config, _unflatten(out))
+
+
+def _quantized_rule(rule: Rule, config, arrays):
+  """`rule.load` for quantized tensors ([out, in], scales [out, in / group]): the rule
+  (transposes and reshapes) moves q, and the scales and offsets repeated to the full shape,
+  the same way; the scales are then taken back to one per group along the param's last
+  contracted axis (`jspec.models.transformer`'s table), where each group now lies. A param
+  whose groups no longer lie along that axis (a group wider than a head), or a rule with
+  float inputs too, gets the dequantized float weights."""
+  from jspec.models.transformer import contracted_axes
+
+  if not all(isinstance(a, quant.QuantWeight) for a in arrays):
+    return rule.load(config, *[quant.dequantize(a) for a in arrays])
+  groups = [a.q.shape[1] // a.scale.shape[1] for a in arrays]
+  full = lambda x, g: None if x is None else np.repeat(x, g, axis=1)
+  qs = rule.load(config, *[a.q for a in arrays])
+  scales = rule.load(config, *[full(a.scale, g) for a, g in zip(arrays, groups)])
+  offsets = ([None] * len(qs) if arrays[0].offset is None else
+             rule.load(config, *[full(a.offset, g) for a, g in zip(arrays, groups)]))
+  out = []
+  for p, q, s, o in zip(rule.ours, qs, scales, offsets):
+    axes = contracted_axes(p)
+    axis = None if axes is None else max(axes)
+    g = min(groups)
+    value = quant.QuantWeight(q=np.asarray(q), scale=np.asarray(s),
+                              offset=None if o is None else np.asarray(o))
+    if axis is None or q.shape[axis] % g:
+      out.append(quant.dequantize(value))
+      continue
+    cut = lambda x: x.reshape(x.shape[:axis] + (x.shape[axis] // g, g) + x.shape[axis + 1:])
+    s_g, o_g = cut(value.scale), None if o is None else cut(value.offset)
+    if not (np.all(s_g == s_g.take([0], axis=axis + 1))
+            and (o_g is None or np.all(o_g == o_g.take([0], axis=axis + 1)))):
+      out.append(quant.dequantize(value))
+      continue
+    out.append(quant.QuantWeight(q=value.q, scale=s_g.take(0, axis=axis + 1),
+                                 offset=None if o_g is None else o_g.take(0, axis=axis + 1)))
+  return tuple(out)
+
+
+def _stack(layers: list):
+  """A param's layers as one stack [L, ...]: quantized ones in one form
+  (`jspec.core.quant.common_form`), on the host."""
+  layers = quant.common_form(layers)
+  if not isinstance(layers[0], quant.QuantWeight):
+    return np.stack(layers)
+  return quant.QuantWeight(q=np.stack([w.q for w in layers]),
+                           scale=np.stack([w.scale for w in layers]),
+                           offset=None if layers[0].offset is None else
+                           np.stack([w.offset for w in layers]))
 
 
 @functools.partial(jax.jit, donate_argnums=0)

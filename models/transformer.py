@@ -31,8 +31,9 @@ independent of depth):
     lm_head [D, V]                                            (absent when tied)
 
 `quantize_params` (and `quantize_model`, what `jspec.load(..., weights="int8")` calls)
-stores each of those matrices, the embedding and the LM head as int8 values with one
-scale per output channel (`jspec.core.quant.Int8Weight`; the scales keep the layer axis).
+stores each of those matrices, the embedding and the LM head as narrow values with scales
+(`jspec.core.quant.QuantWeight`: int8 or fp8 per output channel, int4 in groups of 32; the
+scales keep the layer axis).
 Every weight product and the embedding lookup go through `jspec.core.quant`, which calls
 exactly `jnp.einsum` / `jnp.take` on float weights, so float models compute as before.
 
@@ -299,19 +300,30 @@ _CONTRACTED = types.MappingProxyType({
 _CONTRACTED_TOP = types.MappingProxyType({"embed": (1,), "lm_head": (0,)})
 
 
+def contracted_axes(path: str) -> tuple[int, ...] | None:
+  """The axes a product contracts of param `path` ("embed", "lm_head", "layers/wq", ...;
+  a layer's param without its layer axis), or None for a param no product takes as a
+  weight (norms, biases)."""
+  name = path.split("/")[-1]
+  table = _CONTRACTED if path.startswith("layers/") else _CONTRACTED_TOP
+  return table.get(name)
+
+
 @functools.partial(jax.jit, static_argnames=("mode",))
 def quantize_params(params: dict, mode: str = "int8") -> dict:
   """params with every matrix (q, k, v, o, the MLP's; the embedding and LM head) as a
-  `jspec.core.quant.Int8Weight` scaled per output channel; norms, biases and learned
-  positions as they are. Takes the stored form (layers stacked, the scales keep the layer
-  axis: [L, 1, H, Dh] for wq [L, D, H, Dh]) or the decoding form (a list of layers);
-  weights already int8 are kept."""
-  quant.check_weights(mode)
+  `jspec.core.quant.QuantWeight` in `mode` (`jspec.core.quant.MODES`: "int8" and "fp8" per
+  output channel, "int4" in groups of 32 inputs); norms, biases and learned positions as
+  they are. Takes the stored form (layers stacked, the scales keep the layer axis:
+  [L, 1, H, Dh] for wq [L, D, H, Dh]) or the decoding form (a list of layers); weights
+  already quantized are kept."""
   if mode is None:
     return params
+  if mode not in quant.MODES:
+    raise ValueError(f"quantize mode must be one of {quant.MODES}, got {mode!r}")
 
   def one(w, axes):
-    return w if isinstance(w, quant.Int8Weight) else quant.quantize(w, axes)
+    return w if isinstance(w, quant.QuantWeight) else quant.quantize(w, axes, mode)
 
   def layer(w, shift):
     return {n: one(x, tuple(a + shift for a in _CONTRACTED[n])) if n in _CONTRACTED else x
@@ -327,16 +339,20 @@ def quantize_params(params: dict, mode: str = "int8") -> dict:
 
 
 def quantize_model(model: Model, weights: str = "int8") -> Model:
-  """`model` (of this architecture) with int8 weights (`quantize_params`): a new Model,
-  nothing shared with `model` but its immutable config, functions, tokenizer and the
-  arrays left as stored (jax arrays are never written in place); `weights` None gives
-  `model` itself. ValueError for any other `weights` or a model of another architecture,
-  before any tracing."""
-  if quant.check_weights(weights) is None:
+  """`model` (of this architecture) with quantized weights (`quantize_params`): a new
+  Model, nothing shared with `model` but its immutable config, functions, tokenizer and
+  the arrays left as stored (jax arrays are never written in place); `weights` None gives
+  `model` itself. ValueError for anything but None or one of `jspec.core.quant.MODES`, or a
+  model of another architecture, before any tracing."""
+  if weights is None:
     return model
+  if not (isinstance(weights, str) and weights in quant.MODES):
+    raise ValueError(f"weights must be None or one of "
+                     f"{', '.join(repr(m) for m in quant.MODES)}, got {weights!r}")
   if model.apply_fn is not apply or not isinstance(model.config, TransformerConfig):
-    raise ValueError(f"int8 weights are for models of jspec.models (the reference decoder); "
-                     f"this model's apply is {getattr(model.apply_fn, '__qualname__', '?')}")
+    raise ValueError(f"quantized weights are for models of jspec.models (the reference "
+                     f"decoder); this model's apply is "
+                     f"{getattr(model.apply_fn, '__qualname__', '?')}")
   return dataclasses.replace(model, params=quantize_params(model.params, weights))
 
 
@@ -598,7 +614,7 @@ def output_head(config: TransformerConfig, params: dict) -> OutputHead:
   """The model contract's optional head: token embedding [V, D], untied LM head [D, V]."""
   softcap = config.final_logit_softcapping
   # Drafters that share the head (Medusa, EAGLE, a reduced vocabulary) read plain arrays:
-  # an int8 model's head as the values it computes with, q * scale.
+  # a quantized model's head as the values it computes with, q * scale.
   return OutputHead(embed=quant.dequantize(params["embed"]),
                     lm_head=None if config.tie_word_embeddings else quant.dequantize(
                         params["lm_head"]),

@@ -82,6 +82,75 @@ def test_an_all_zero_channel_quantizes_to_zero():
   np.testing.assert_array_equal(np.asarray(qw.q[:, 1]), [127, -95, 25, 0])  # round(127 x / 2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape, axes, scale", [
+    ((2, 64, 4, 8), (1,), (2, 2, 4, 8)), ((64, 96), (1,), (64, 3)),
+    ((2, 4, 64, 32), (1, 2), (2, 4, 2, 32)), ((96, 64), (0,), (3, 64)),
+    ((24, 5), (0,), (3, 5))],  # 24 inputs: groups of gcd(24, 32) = 8
+    ids=["wq", "embed", "wo", "lm_head", "short"])
+def test_int4_rounding_error_is_at_most_half_a_step_per_group(shape, axes, scale, dtype):
+  w = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(dtype)
+  qw = quant.quantize(w, axes, "int4")
+  assert qw.q.dtype == jnp.int4 and qw.q.shape == shape and qw.scale.shape == scale
+  assert qw.scale.dtype == dtype and qw.offset is None
+  w32, q = np.asarray(w, np.float32), np.asarray(qw.q, np.int32)
+  s = np.asarray(quant._expand(qw.scale, shape), np.float32)
+  assert np.all(np.abs(w32 - q * s) <= s / 2 * (1 + 1e-6))
+  assert np.all(np.abs(q) <= 7)
+  # Each group's largest weight lands on +-7: the groups are where the scale says.
+  g = shape[max(axes)] // scale[max(axes)]
+  a = max(axes)
+  split = np.abs(q).reshape(shape[:a] + (shape[a] // g, g) + shape[a + 1:])
+  np.testing.assert_array_equal(np.max(split, axis=a + 1), 7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_fp8_error_is_within_e4m3s_rounding(dtype):
+  """e4m3 keeps 3 mantissa bits: rounding moves a normal value by at most 2^-4 of itself,
+  a subnormal one (below 2^-6) by at most 2^-10 (in units of the scale)."""
+  w = jax.random.normal(jax.random.key(3), (64, 48), jnp.float32).astype(dtype)
+  qw = quant.quantize(w, (0,), "fp8")
+  assert qw.q.dtype == jnp.float8_e4m3fn and qw.scale.shape == (1, 48)
+  w32, s = np.asarray(w, np.float32), np.asarray(qw.scale, np.float32)
+  q = np.asarray(qw.q, np.float32)
+  np.testing.assert_allclose(np.max(np.abs(q), axis=0), 448.0)  # the range is used
+  err = np.abs(w32 / s - q)
+  assert np.all(err <= np.maximum(2.0 ** -4 * np.abs(w32 / s), 2.0 ** -10) * (1 + 1e-3))
+  assert 0 < np.mean(err) < 0.1 * np.mean(np.abs(q))  # rounded, and not by much
+
+
+def test_forms_mix_exactly_when_fused():
+  """int8 per channel, int4 in groups of 32, and an affine int8 weight in groups of 16,
+  concatenated along their outputs: the fused weight dequantizes to the three dequantized
+  weights side by side, and computes their products."""
+  keys = jax.random.split(jax.random.key(4), 3)
+  a = quant.quantize(jax.random.normal(keys[0], (64, 8)), (0,), "int8")
+  b = quant.quantize(jax.random.normal(keys[1], (64, 8)), (0,), "int4")
+  c = quant.QuantWeight(q=jax.random.randint(keys[2], (64, 8), 0, 31).astype(jnp.int8),
+                        scale=jnp.full((4, 8), 0.01), offset=jnp.full((4, 8), -0.15))
+  fused = quant.concatenate([a, b, c], axis=1)
+  assert fused.q.dtype == jnp.int8 and fused.scale.shape == (4, 24)
+  assert fused.offset.shape == (4, 24)
+  want = jnp.concatenate([quant.dequantize(w) for w in (a, b, c)], axis=1)
+  np.testing.assert_array_equal(np.asarray(quant.dequantize(fused)), np.asarray(want))
+  x = jax.random.normal(jax.random.key(5), (2, 3, 64))
+  np.testing.assert_allclose(np.asarray(quant.einsum("btd,df->btf", x, fused)),
+                             np.asarray(jnp.einsum("btd,df->btf", x, want)), rtol=1e-5,
+                             atol=1e-5)
+  # A float weight beside quantized ones: all dequantized.
+  mixed = quant.concatenate([a, jnp.ones((64, 2))], axis=1)
+  assert not isinstance(mixed, quant.QuantWeight) and mixed.shape == (64, 10)
+  np.testing.assert_array_equal(np.asarray(mixed[:, :8]), np.asarray(quant.dequantize(a)))
+
+
+def test_bytes_count_four_bit_values_at_half_a_byte():
+  w = jnp.ones((64, 32), jnp.float32)
+  assert quant.num_bytes(quant.quantize(w, (0,), "int4")) == 64 * 32 // 2 + 2 * 32 * 4
+  assert quant.num_bytes(quant.quantize(w, (0,), "int8")) == 64 * 32 + 32 * 4
+  assert quant.num_bytes(quant.quantize(w, (0,), "fp8")) == 64 * 32 + 32 * 4
+  assert quant.num_elements(quant.quantize(w, (0,), "int4")) == 64 * 32
+
+
 # ----------------------------------------------------------------------------- float models
 
 
@@ -126,17 +195,17 @@ def test_quantized_params_cover_every_matrix_and_nothing_else(pair):
   target, int8 = pair
   def flat(params):
     return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(
-        params, is_leaf=lambda x: isinstance(x, quant.Int8Weight))[0]}
+        params, is_leaf=lambda x: isinstance(x, quant.QuantWeight))[0]}
 
   before, flat = flat(target.params), flat(int8.params)
   assert before.keys() == flat.keys()
-  quantized = sorted(k for k, x in flat.items() if isinstance(x, quant.Int8Weight))
+  quantized = sorted(k for k, x in flat.items() if isinstance(x, quant.QuantWeight))
   names = ["['layers']['" + n + "']" for n in ("w_down", "w_gate", "w_up", "wk", "wo", "wq",
                                                  "wv")]
   assert quantized == sorted(["['embed']"] + ([] if target.config.tie_word_embeddings
                                               else ["['lm_head']"]) + names)
   for k, x in flat.items():
-    if not isinstance(x, quant.Int8Weight):  # norms as they were, the same values
+    if not isinstance(x, quant.QuantWeight):  # norms as they were, the same values
       np.testing.assert_array_equal(np.asarray(x), np.asarray(before[k]), k)
   L = target.config.num_hidden_layers
   assert int8.params["layers"]["wq"].scale.shape == (L, 1, 4, 8)  # the layer axis kept
@@ -158,17 +227,29 @@ def test_the_decoding_form_of_int8_params_is_the_int8_decoding_form(pair):
   for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
     assert x.dtype == y.dtype
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  assert isinstance(a["layers"][0]["wqkv"], quant.Int8Weight)
+  assert isinstance(a["layers"][0]["wqkv"], quant.QuantWeight)
   assert a["layers"][0]["wqkv"].scale.shape == (1, (4 + 2 * 2) * 8)
 
 
 def _dequantized(model):
   """The float model whose weights are the int8 model's q * scale."""
   return dataclasses.replace(model, params=jax.tree_util.tree_map(
-      quant.dequantize, model.params, is_leaf=lambda x: isinstance(x, quant.Int8Weight)))
+      quant.dequantize, model.params, is_leaf=lambda x: isinstance(x, quant.QuantWeight)))
 
 
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 64, size=(4, 32)), jnp.int32)
+
+
+def _relative_move(target, model) -> float:
+  """RMS of what quantizing moved the weights, relative to the weights' RMS (over the
+  quantized matrices only)."""
+  moved = [(np.asarray(w, np.float32), np.asarray(quant.dequantize(q), np.float32))
+           for w, q in zip(jax.tree_util.tree_leaves(target.params),
+                           jax.tree_util.tree_leaves(model.params,
+                                                     is_leaf=quant.is_quant_weight))
+           if isinstance(q, quant.QuantWeight)]
+  return float(np.sqrt(sum(np.sum((w - d) ** 2) for w, d in moved)
+                       / sum(np.sum(w ** 2) for w, _ in moved)))
 
 
 @TIES
@@ -195,13 +276,7 @@ def test_int8_logits_are_close_to_the_float_models(tie, dtype):
   others were near-ties, top-2 gaps of 0.001-0.2)."""
   target = jspec.models.init(tiny_config(tie=tie), seed=0, dtype=dtype)
   int8 = jspec.models.quantize_model(target)
-  moved = [(np.asarray(w, np.float32), np.asarray(quant.dequantize(q), np.float32))
-           for w, q in zip(jax.tree_util.tree_leaves(target.params),
-                           jax.tree_util.tree_leaves(int8.params, is_leaf=lambda x: isinstance(
-                               x, quant.Int8Weight)))
-           if isinstance(q, quant.Int8Weight)]
-  relative = np.sqrt(sum(np.sum((w - d) ** 2) for w, d in moved)
-                     / sum(np.sum(w ** 2) for w, _ in moved))
+  relative = _relative_move(target, int8)
   assert 0.002 < relative < 0.01, relative
   want, got = np.asarray(target.logits(TOKENS)), np.asarray(int8.logits(TOKENS))
   # The target's own Model with the noisy params: the same compiled forward pass.
@@ -323,7 +398,7 @@ def test_load_int8_shrinks_the_bytes_and_keeps_the_count(tmp_path, pair):
     jspec.save(loaded, tmp_path / "again")
 
 
-@pytest.mark.parametrize("bad", ["int4", "INT8", 8, ""])
+@pytest.mark.parametrize("bad", ["int5", "INT8", 8, ""])
 def test_a_bad_weights_value_fails_before_anything_is_read(bad, tmp_path):
   from jspec.bench import targets
 
@@ -336,15 +411,15 @@ def test_a_bad_weights_value_fails_before_anything_is_read(bad, tmp_path):
     jspec.models.quantize_model(jspec.models.init(tiny_config(), seed=0), bad)
 
 
-def test_the_command_line_takes_weights_int8_only(capsys):
+def test_the_command_line_takes_the_weights_load_takes(capsys):
   from jspec.tools import cli
 
   assert cli.WEIGHTS == quant.WEIGHTS
   for command in (["generate", "--prompt", "x"], ["chat"], ["serve"]):
     with pytest.raises(SystemExit) as e:
-      cli.main(command + ["--weights", "int4"])
+      cli.main(command + ["--weights", "int5"])
     assert e.value.code == 2
-    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    assert "invalid choice: 'int5'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
@@ -367,6 +442,76 @@ def test_the_weights_flag_loads_the_target_as_int8(command, tmp_path, monkeypatc
   plain, int8 = seen
   assert not quant.is_quantized(plain.params) and quant.is_quantized(int8.params)
   assert int8.num_params() == plain.num_params() and int8.num_bytes() < plain.num_bytes()
+
+
+# ----------------------------------------------------------------------------- int4, fp8
+
+
+@pytest.fixture(scope="module")
+def modes():
+  """{mode: (f32 target, its copy in mode)} for "int4" and "fp8", untied."""
+  made = {}
+
+  def get(mode):
+    if mode not in made:
+      target = jspec.models.init(tiny_config(), seed=0)
+      made[mode] = (target, jspec.models.quantize_model(target, mode))
+    return made[mode]
+
+  return get
+
+
+@pytest.mark.parametrize("mode", ["int4", "fp8"])
+def test_int4_and_fp8_models_compute_their_dequantized_weights(modes, mode):
+  """Per channel (fp8) or in groups (int4: wo's inputs H x Dh in groups of Dh = 8 here):
+  the model's logits are those of the float model holding the dequantized weights, through
+  the cache-free pass and the decoding form's cached calls; and they stay near the float
+  model's (argmaxes mostly equal)."""
+  target, model = modes(mode)
+  storage = {"int4": jnp.int4, "fp8": jnp.float8_e4m3fn}[mode]
+  assert model.params["layers"]["wq"].q.dtype == storage
+  got = np.asarray(model.logits(TOKENS))
+  np.testing.assert_allclose(got, np.asarray(_dequantized(model).logits(TOKENS)), rtol=0,
+                             atol=1e-4 * np.max(np.abs(got)))
+  tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
+  logits, _, _ = jit_apply(model, tokens, model.init_cache(1, 16), jnp.zeros((1,), jnp.int32))
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(tokens)), rtol=1e-5,
+                             atol=1e-5)
+  # Near the float model as weight noise of the same relative size puts it (the yardstick
+  # of test_int8_logits_are_close_to_the_float_models; these tiny random models amplify
+  # weight noise, so argmaxes are compared against chance, 1/64, only).
+  relative = _relative_move(target, model)
+  assert {"int4": 0.03 < relative < 0.12, "fp8": 0.005 < relative < 0.04}[mode], relative
+  want = np.asarray(target.logits(TOKENS))
+  noisy = dataclasses.replace(target, params=perturbed(target, float(relative), seed=1).params)
+  noise = np.mean(np.abs(np.asarray(noisy.logits(TOKENS)) - want))
+  assert np.mean(np.abs(got - want)) <= 1.5 * noise, (np.mean(np.abs(got - want)), noise)
+  assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.25
+  assert model.num_params() == target.num_params()
+  assert model.num_bytes() < {"int4": 0.25, "fp8": 0.3}[mode] * target.num_bytes()
+
+
+@pytest.mark.parametrize("mode", ["int4", pytest.param("fp8", marks=pytest.mark.slow)])
+def test_speculative_decoding_of_an_int4_or_fp8_target_is_its_own_greedy_output(modes, mode):
+  target, model = modes(mode)
+  prompts = ragged_prompts(3, 64, seed=5)
+  base = jspec.generate(model, prompts, max_new_tokens=20)
+  draft = perturbed(target, 0.2, seed=7)
+  spec = jspec.speculative_generate(model, draft, prompts, num_draft_tokens=3,
+                                    max_new_tokens=20)
+  assert_greedy_match(model, prompts, np.asarray(base.tokens), np.asarray(spec.tokens))
+  assert 0 < int(np.sum(spec.stats.accepted)) < 3 * 20
+
+
+@pytest.mark.parametrize("mode", ["int4", "fp8"])
+def test_load_takes_int4_and_fp8(tmp_path, modes, mode):
+  target, model = modes(mode)
+  jspec.save(target, tmp_path / "m")
+  loaded = jspec.load(tmp_path / "m", weights=mode)
+  for x, y in zip(jax.tree_util.tree_leaves(loaded.params),
+                  jax.tree_util.tree_leaves(model.params)):
+    assert x.dtype == y.dtype
+    np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
 
 
 @TIES

@@ -107,10 +107,11 @@ class Model:
 
   @property
   def dtype(self) -> jnp.dtype:
-    """Compute dtype: that of the first floating-point parameter."""
-    for leaf in jax.tree_util.tree_leaves(self.params):
+    """Compute dtype: that of the first floating-point parameter (a quantized weight's
+    scales', never its float8 values)."""
+    for leaf in jax.tree_util.tree_leaves(self.params, is_leaf=quant.is_quant_weight):
       if jnp.issubdtype(leaf.dtype, jnp.floating):
-        return leaf.dtype
+        return jnp.dtype(leaf.dtype)
     return jnp.dtype(jnp.float32)
 
   def head(self) -> OutputHead:

@@ -201,7 +201,7 @@ def _check_activation(name):
 
 
 def dense_in_major(x, w, b=None):
-  """x [B, T, Din] times w [Din, Dout] (+ b [Dout]); w may be int8 (`quant.Int8Weight`)."""
+  """x [B, T, Din] times w [Din, Dout] (+ b [Dout]); w may be int8 (`quant.QuantWeight`)."""
   y = quant.einsum("btd,df->btf", x, w)
   return y if b is None else y + b[None, None, :]
 

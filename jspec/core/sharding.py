@@ -99,17 +99,18 @@ class Layout:
   def tree_shardings(self, tree, axes_tree):
     """NamedShardings for a pytree of arrays (or shapes) given a matching axes tree.
 
-    An int8 weight (`jspec.core.quant.Int8Weight`) under one axes tuple gets it for its
-    values and its scales alike: the scales keep the weight's rank, size 1 where it was
-    contracted, and a size-1 axis is never split."""
+    A quantized weight (`jspec.core.quant.QuantWeight`) under one axes tuple gets it for its
+    values, scales and offsets alike: the scales keep the weight's rank, size 1 where it
+    was contracted (a size-1 axis is never split) or one entry per group of inputs."""
     def place(x, a):
-      if isinstance(x, quant.Int8Weight):
-        return quant.Int8Weight(q=self.sharding(x.q.shape, a),
-                                scale=self.sharding(x.scale.shape, a))
+      if isinstance(x, quant.QuantWeight):
+        return quant.QuantWeight(
+            q=self.sharding(x.q.shape, a), scale=self.sharding(x.scale.shape, a),
+            offset=None if x.offset is None else self.sharding(x.offset.shape, a))
       return self.sharding(x.shape, a)
 
     return jax.tree_util.tree_map(place, tree, axes_tree,
-                                  is_leaf=lambda a: isinstance(a, (tuple, quant.Int8Weight)))
+                                  is_leaf=lambda a: isinstance(a, (tuple, quant.QuantWeight)))
 
   def batch(self, shape) -> NamedSharding:
     """Rows over the batch rule's mesh axis, every other dim replicated."""

@@ -62,7 +62,7 @@ def save(model: Model, path) -> None:
 
   if not isinstance(model, Model):
     raise TypeError(f"save takes a jspec.Model, got {type(model).__name__}")
-  _refuse_int8(model)
+  _refuse_quantized(model)
   if not dataclasses.is_dataclass(model.config):
     raise TypeError(f"model.config must be a dataclass to be saved, got "
                     f"{type(model.config).__name__}")
@@ -94,7 +94,7 @@ def save_hf(model: Model, path) -> None:
   generation_config.json with the EOS ids when the model has any."""
   from jspec.models import hf
 
-  _refuse_int8(model)
+  _refuse_quantized(model)
   path = os.fspath(path)
   hf.export_hf(model, path)
   if model.tokenizer is not None:
@@ -111,11 +111,11 @@ def save_hf(model: Model, path) -> None:
       json.dump(gen, f, indent=2)
 
 
-def _refuse_int8(model: Model) -> None:
-  # A checkpoint holds the float weights; int8 is a choice made at load (weights="int8").
+def _refuse_quantized(model: Model) -> None:
+  # A checkpoint holds the float weights; quantizing is a choice made at load (weights=).
   if quant.is_quantized(model.params):
     raise ValueError("checkpoints hold float weights: save the model before quantizing it, "
-                     "and load it with weights=\"int8\"")
+                     "and load it with weights=\"int8\" (or \"int4\", \"fp8\")")
 
 
 # ----------------------------------------------------------------------------- load
@@ -131,12 +131,21 @@ def load(path, dtype=None, mesh=None, rules=None, weights=None) -> Model:
       "bfloat16"); None keeps the stored dtypes.
     mesh, rules: optional device mesh and `jspec.core.sharding.Rules` (default
       HYBRID): each param is placed shard by shard as it is read.
-    weights: None keeps the float weights; "int8" stores every matrix, the embedding and
-      the LM head as int8 with per-output-channel scales in `dtype`
-      (`jspec.models.quantize_model`): those take one byte per parameter
-      (`Model.num_bytes`), the parameter count is unchanged. The weights are read as
-      floats first, then quantized. Checked before anything is read."""
+    weights: None keeps the float weights; "int8", "int4" or "fp8" stores every matrix,
+      the embedding and the LM head quantized with scales in `dtype`
+      (`jspec.models.quantize_model`; int8 and fp8 one byte per parameter, int4 half a
+      byte plus a scale per 32, `Model.num_bytes`), the parameter count unchanged: the
+      weights are read as floats first, then quantized. "gguf" keeps a GGUF file's own
+      quantized blocks as they are stored (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K;
+      `jspec.models.gguf`), and is refused for any other checkpoint. Checked before
+      anything is read."""
   weights = quant.check_weights(weights)
+  if weights == "gguf":
+    local = os.path.expanduser(os.fspath(path))
+    if not (os.path.isfile(local) and (local.endswith(".gguf") or _has_gguf_magic(local))):
+      raise ValueError(f"weights=\"gguf\" keeps a GGUF file's quantized blocks; "
+                       f"{os.fspath(path)!r} is not a GGUF file")
+    return _load(path, dtype, mesh, rules, keep=True)
   model = _load(path, dtype, mesh, rules)
   if weights is None:
     return model
@@ -147,7 +156,7 @@ def load(path, dtype=None, mesh=None, rules=None, weights=None) -> Model:
   return model if layout is None else sharding.shard_model(model, layout)
 
 
-def _load(path, dtype, mesh, rules) -> Model:
+def _load(path, dtype, mesh, rules, keep: bool = False) -> Model:
   dtype = _float_dtype(dtype)
   layout = sharding.as_layout(mesh, rules)
   name = os.fspath(path)
@@ -163,7 +172,7 @@ def _load(path, dtype, mesh, rules) -> Model:
         f"checkpoint (config.json)")
   if os.path.isfile(local):
     if local.endswith(".gguf") or _has_gguf_magic(local):
-      return _load_gguf(os.path.abspath(local), dtype, layout)
+      return _load_gguf(os.path.abspath(local), dtype, layout, keep=keep)
     raise NotADirectoryError(f"{local} is a file but not a GGUF file; other checkpoints are "
                              f"directories")
   if local.endswith(".gguf"):  # before the Hub: "models/x.gguf" also reads as a repo id
@@ -201,14 +210,14 @@ def _has_gguf_magic(path: str) -> bool:
     return f.read(4) == b"GGUF"
 
 
-def _load_gguf(path: str, dtype, layout=None) -> Model:
+def _load_gguf(path: str, dtype, layout=None, keep: bool = False) -> Model:
   from jspec.io.gguf_tokenizer import tokenizer_from_gguf
   from jspec.models import gguf
 
   reader = gguf.open_reader(path)
   # The tokenizer first: its metadata errors are cheaper than reading the weights.
   tokenizer = tokenizer_from_gguf(reader)
-  model = gguf.load_gguf(path, dtype=dtype, layout=layout, reader=reader)
+  model = gguf.load_gguf(path, dtype=dtype, layout=layout, reader=reader, keep=keep)
   if tokenizer.vocab_size > model.vocab_size:
     raise ValueError(f"{path}: the tokenizer knows {tokenizer.vocab_size} ids, the model's "
                      f"vocabulary has {model.vocab_size}")

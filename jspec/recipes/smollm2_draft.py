@@ -212,7 +212,7 @@ def main(argv=None) -> int:
   index[ids] = np.arange(len(ids), dtype=np.int32)
   head = target.head()
   rows = vocab_subset.head_rows(head.embed, head.lm_head, jnp.asarray(ids))
-  embed, teacher_norm = target.params["embed"], target.params["final_norm"]
+  embed, teacher_norm = head.embed, target.params["final_norm"]
   config = draft_config(target.config, args.layers)
   D = config.hidden_size
 

@@ -390,14 +390,15 @@ def _describe(verb, path, model) -> None:
 
 # `jspec.core.quant.WEIGHTS`, written out so that building the parser imports no jax
 # (tests/test_quant.py checks they agree).
-WEIGHTS = ("int8",)
+WEIGHTS = ("int8", "int4", "fp8", "gguf")
 
 
 def _add_weights(p) -> None:
   p.add_argument("--weights", choices=WEIGHTS, default=None,
-                 help="int8: the target's matrices, embedding and LM head as int8 with one "
-                      "scale per output channel (decoding is exact for that int8 model; "
-                      "default: the stored float weights)")
+                 help="the target's matrices, embedding and LM head quantized: int8 or fp8 "
+                      "(e4m3) with one scale per output channel, int4 with one per 32 inputs; "
+                      "gguf: a GGUF file's own quantized blocks as stored (decoding is exact "
+                      "for that quantized model; default: the float weights)")
 
 
 def main(argv=None) -> int:
