@@ -284,21 +284,40 @@ def test_a_measured_draft_step_raises_the_draft_models_price(tied, draft):
       pytest.approx(roofline)
 
 
-def test_step_ratio_times_one_token_of_each_model(small, tmp_path, monkeypatch):
-  """`step_ratio` times each model's one-token call, once, and divides."""
+def test_step_ratio_times_both_models_in_the_same_turns(small, tmp_path, monkeypatch):
+  """`step_ratio` times the draft's call and the target's side by side, once, and keeps the
+  median of the turns' ratios; a target time cached alone (by `growth`) does not enter."""
   draft = jspec.models.init(tiny_config(vocab_size=small.vocab_size, layers=1, hidden=16,
                                         heads=2, kv_heads=1), seed=5).decoding_form()
   timed = []
 
-  def fake(model, batch, blocks, cache_length, calls=None, repeats=7):
-    timed.append((model is small, batch, list(blocks)))
-    return {1: [3.0, 2.0] if model is small else [0.5, 0.6]}
+  def fake(model, reference, batch, block, cache_length):
+    timed.append((model is draft, reference is small, batch, block))
+    # A busy stretch over turns 2-3 slows both; taken apart, the target's fastest turn and
+    # the draft's slowest would give 0.6 / 2.0 = 0.30, the draft's fastest over the
+    # target's slowest 0.5 / 4.0 = 0.125.
+    return [m / r for m, r in zip([0.5, 1.0, 0.6, 0.55, 0.5], [2.0, 4.0, 2.4, 2.2, 2.0])]
 
-  monkeypatch.setattr(call_times, "loop_times", fake)
+  monkeypatch.setattr(call_times, "pair_ratios", fake)
+  monkeypatch.setattr(call_times, "loop_times",
+                      lambda model, batch, blocks, *a, **k: {b: [9.0 * b] for b in blocks})
+  call_times.growth(small, 1, [1, 2], 32, str(tmp_path))  # the target's own entry, alone
   assert call_times.step_ratio(draft, small, 1, 32, str(tmp_path)) == pytest.approx(0.25)
-  assert timed == [(False, 1, [1]), (True, 1, [1])]
+  assert timed == [(True, True, 1, 1)]
   assert call_times.step_ratio(draft, small, 1, 32, str(tmp_path)) == pytest.approx(0.25)
-  assert len(timed) == 2  # read back
+  assert len(timed) == 1  # read back
+  assert call_times.step_ratio(draft, small, 1, 32, str(tmp_path), block=3) == \
+      pytest.approx(0.25)
+  assert timed[-1] == (True, True, 1, 3)  # a catch-up block is its own pair
+
+
+def test_pair_ratios_runs_each_model_in_every_turn(small):
+  """The real timing: both programs run in every turn, so there is one ratio per turn,
+  and the small draft's call costs less than the target's (a ratio in (0, 1.5))."""
+  draft = jspec.models.init(tiny_config(vocab_size=small.vocab_size, layers=1, hidden=16,
+                                        heads=2, kv_heads=1), seed=5)
+  ratios = call_times.pair_ratios(draft, small, 1, 1, 32, repeats=3)
+  assert len(ratios) == 3 and all(0 < r < 1.5 for r in ratios), ratios
 
 
 def test_fingerprints_hold_no_addresses(small):

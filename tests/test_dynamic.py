@@ -268,6 +268,7 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   monkeypatch.setattr(cost_model, "device_rates", lambda cache_dir=None: rates)
   priced, timed = [], []
   prior, loop_times = cost_model.prior_costs, call_times.loop_times
+  pair_ratios = call_times.pair_ratios
 
   def recording(*args, **kw):
     priced.append((args[4], sorted(args[6]), args[7]))
@@ -277,8 +278,13 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
     timed.extend((batch, b) for b in blocks)
     return loop_times(model, batch, blocks, cache_length, calls, repeats)
 
+  def pairs(model, reference, batch, block, cache_length):
+    timed.append(("pair", batch, block))
+    return pair_ratios(model, reference, batch, block, cache_length)
+
   monkeypatch.setattr(cost_model, "prior_costs", recording)
   monkeypatch.setattr(call_times, "loop_times", timing)
+  monkeypatch.setattr(call_times, "pair_ratios", pairs)
   prompts = ragged_prompts(2, target.vocab_size, seed=4)
   out = jspec.speculative_generate(target, far_draft, prompts, num_draft_tokens="auto",
                                    max_new_tokens=8, eos_id=())
@@ -286,10 +292,10 @@ def test_auto_without_a_profile_uses_the_prior_and_times_no_round(tmp_path, monk
   choices = schedule.AutoK().choices
   assert [p[0] for p in priced] == [choices]
   assert priced[0][1] == sorted(k + 1 for k in choices)  # a growth per block
-  # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens, the draft at 1
-  # (its step) and at a catch-up call's block.
-  assert sorted(timed) == sorted([(2, 1), (2, 1), (2, 2), (2, max(choices) + 1),
-                                  (2, SYNC_CHUNK)])
+  # [B, T] of each timing: the target at 1, 2 and max K + 1 tokens; the draft at 1 (its
+  # step) and at a catch-up call's block, each beside the target's one-token call.
+  assert sorted(timed, key=str) == sorted([(2, 1), (2, 2), (2, max(choices) + 1),
+                                           ("pair", 2, 1), ("pair", 2, SYNC_CHUNK)], key=str)
   assert priced[0][2] > 0.0  # the draft step priced beside the target's (a timed ratio)
   assert_greedy_match(target, prompts, np.asarray(base.tokens), np.asarray(out.tokens))
   assert len(out.rounds_by_k) <= schedule.AutoK().compiled == 2

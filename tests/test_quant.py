@@ -370,8 +370,11 @@ def test_self_int8_drafter_keeps_the_float_targets_greedy_output(pair):
 def test_self_int8_is_a_registered_method_and_needs_a_zoo_model(target):
   from jspec.bench import methods
 
-  assert "self-int8" in methods.names()
+  assert methods.SELF_MODES == quant.MODES
+  assert {f"self-{m}" for m in quant.MODES} <= set(methods.names())
   assert methods.parse_spec("self-int8@k=auto").k == "auto"
+  built = methods.build("self-int4", target, k=2)
+  assert built.drafter.model.params["layers"]["wq"].q.dtype == jnp.int4
   foreign = dataclasses.replace(target, apply_fn=lambda *a, **kw: target.apply_fn(*a, **kw))
   with pytest.raises(methods.Unavailable, match="self-int8 quantizes the target"):
     methods.build("self-int8", foreign)

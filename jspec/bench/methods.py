@@ -23,6 +23,7 @@ A method is a spec string:
     medusa            Medusa heads: @dir, else the shipped code-medusa where it fits
     dflash            a DFlash block drafter: @dir (none is shipped)
     self-int8         the target's own int8 copy as a draft model: no training, no folder
+    self-int4         the same with int4 weights (groups of 32); self-fp8: fp8 (e4m3)
 
 Options:
 
@@ -327,9 +328,15 @@ def _medusa(spec: Spec, ctx: Context) -> Built:
   return _chain_or_tree(spec, ctx, drafter, f"Medusa heads {_base(path)}", "Medusa")
 
 
-def _self_int8(spec: Spec, ctx: Context) -> Built:
-  """The target's own int8 copy (`jspec.models.quantize_model`) drafting as a
-  `jspec.DraftModel`: a drafter that needs no training and fits any target of jspec.models.
+# `jspec.core.quant.MODES`, written out so that reading the registry imports no jax
+# (tests/test_quant.py checks they agree).
+SELF_MODES = ("int8", "int4", "fp8")
+
+
+def _self_quantized(mode: str):
+  """The builder of "self-<mode>": the target's own copy in `mode`
+  (`jspec.models.quantize_model`) drafting as a `jspec.DraftModel`, a drafter that needs no
+  training and fits any target of jspec.models.
 
   A DraftModel over the quantized copy rather than a new drafter kind: the copy is a
   `jspec.Model` like any draft model, so the draft-model machinery (its own cache, the
@@ -337,16 +344,21 @@ def _self_int8(spec: Spec, ctx: Context) -> Built:
   unchanged. The copy is a new Model whose matrices are new arrays; it shares nothing
   mutable with the target (jax arrays are never written in place). The target verifies
   in its own weights, so the output is the target's, exactly."""
-  import jspec
-  from jspec import models
 
-  try:
-    copy = models.quantize_model(ctx.target, "int8")
-  except ValueError as e:
-    raise Unavailable(f"self-int8 quantizes the target itself: {e}") from None
-  k = _k(spec, ctx)
-  return Built(jspec.DraftModel(copy), k, f"the target's own int8 copy as a draft model, "
-               f"K = {k}", family="(self-speculation, int8 copy; not on the leaderboard)")
+  def build(spec: Spec, ctx: Context) -> Built:
+    import jspec
+    from jspec import models
+
+    try:
+      copy = models.quantize_model(ctx.target, mode)
+    except ValueError as e:
+      raise Unavailable(f"self-{mode} quantizes the target itself: {e}") from None
+    k = _k(spec, ctx)
+    return Built(jspec.DraftModel(copy), k, f"the target's own {mode} copy as a draft "
+                 f"model, K = {k}", family=f"(self-speculation, {mode} copy; not on the "
+                 f"leaderboard)")
+
+  return build
 
 
 def _folder(spec: Spec, ctx: Context) -> Built:
@@ -379,8 +391,9 @@ METHODS: dict[str, Method] = {
                      options=frozenset({"k", "dir"}), flag="--dflash"),
     "medusa": Method("Medusa", _medusa, "Medusa heads", options=frozenset({"k", "dir"}),
                      flag="--medusa"),
-    "self-int8": Method("(self-speculation, int8 copy; not on the leaderboard)", _self_int8,
-                        "the target's own int8 copy as a draft model"),
+    **{f"self-{m}": Method(f"(self-speculation, {m} copy; not on the leaderboard)",
+                           _self_quantized(m), f"the target's own {m} copy as a draft model")
+       for m in SELF_MODES},
     "plain": Method("(baseline)", _plain, "no drafter: plain decoding", options=frozenset(),
                     auto=False, fixed="plain decoding drafts nothing"),
     FOLDER: Method("", _folder, "a drafter folder", options=frozenset({"k", "tree"})),

@@ -27,7 +27,7 @@ and the fastest turn of each kept:
 
 Between 2 and the largest block it is interpolated in log T (a call's cost grows
 steeply from 1 to 2 tokens and slowly after). `step_ratio` divides a draft model's
-one-token call by its target's, timed alike. The times are kept in
+one-token call by its target's, the two timed side by side in the same turns. The times are kept in
 `<cache_dir>/calls.json` under the machine, the model's shapes, the batch and the cache
 length, so one machine times one model once per shape; on SmolLM2-135M that is three
 compiles of its call and a second or two of timing.
@@ -85,7 +85,8 @@ def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
   time per turn: all compiled first, then run in turns (alternating order), so a burst
   of load on a shared machine hits each alike. calls None: as many per turn as make it
   last TURN_SECONDS (at least MIN_CALLS, at most MAX_CALLS), from a first timed run
-  of each."""
+  of each. `models` is passed to every program (a tuple of models serves programs that
+  each call one of them)."""
   counts = {}
   for key, run in runs.items():
     carries[key], acc = run(models, carries[key], 1)  # compile
@@ -174,7 +175,43 @@ def step_ratio(model, reference, batch: int, cache_length: int, cache_dir: str |
   pays per operation, and the smaller the model the larger that share: the shipped
   1.5M-parameter draft streams 0.28 of its 5.3M target's bytes, and its one-token
   call costs 0.29-0.38 of the target's on a 2-core CPU at batch 1-8. With a `block`
-  above one: what one call of a draft model's catch-up costs (`DraftModel.sync`)."""
-  mine = _times(model, batch, [block], cache_length, cache_dir)
-  theirs = _times(reference, batch, [1], cache_length, cache_dir)
-  return float(mine[block] / theirs[1])
+  above one: what one call of a draft model's catch-up costs (`DraftModel.sync`).
+
+  The two calls are timed side by side, in the same turns (`pair_ratios`), and the
+  ratio is the median of the turns' ratios, kept in `<cache_dir>/calls.json` under both
+  models' shapes. Timed apart, each from its own fastest turn, a quiet moment for one
+  and a busy one for the other moved the ratio enough for `"auto"` to draft with the
+  draft model at K = 1 where it lost a fifth of plain decoding's speed."""
+  path = cost_model.cache_path(cache_dir, "calls.json")
+  table = cost_model.read_table(path)
+  key = json.dumps(["ratio", cost_model.machine(), cost_model.fingerprint(model),
+                    cost_model.fingerprint(reference), batch, cache_length, block, VERSION])
+  if key not in table:
+    table[key] = float(np.median(pair_ratios(model, reference, batch, block, cache_length)))
+    cost_model.write_table(path, table)
+  return float(table[key])
+
+
+def pair_ratios(model, reference, batch: int, block: int, cache_length: int,
+                repeats: int = 7, prefix: int = PREFIX) -> list[float]:
+  """Per turn: seconds per cached call of `model` on `block` tokens per row over
+  seconds per one-token call of `reference`, both run in each turn back to back (in
+  alternating order; `in_turns`), so a burst of load on a shared machine that lasts a
+  turn or more weighs on both."""
+  models = (model.prepared(), reference.prepared())
+
+  def call_of(which: int, vocab: int):
+    def call(models, carry, i):
+      cache, tokens, start = carry
+      logits, _, cache = models[which].apply((tokens + i) % vocab, cache, start)
+      return (cache, tokens, start), jnp.argmax(logits, axis=-1)
+    return call
+
+  runs, carries = {}, {}
+  for which, (name, width) in enumerate((("model", block), ("reference", 1))):
+    runs[name] = looped(call_of(which, models[which].vocab_size))
+    start = jnp.full((batch,), max(min(prefix, cache_length - width), 0), jnp.int32)
+    carries[name] = (models[which].init_cache(batch, cache_length),
+                     jnp.ones((batch, width), jnp.int32), start)
+  times = in_turns(runs, models, carries, None, repeats)
+  return [m / r for m, r in zip(times["model"], times["reference"])]
