@@ -32,8 +32,8 @@ independent of depth):
 
 `quantize_params` (and `quantize_model`, what `jspec.load(..., weights="int8")` calls)
 stores each of those matrices, the embedding and the LM head as narrow values with scales
-(`jspec.core.quant.QuantWeight`: int8 or fp8 per output channel, int4 in groups of 32; the
-scales keep the layer axis).
+(`jspec.core.quant.QuantWeight`: int8 or fp8 per output channel, int4 affine in groups of
+32; the scales keep the layer axis).
 Every weight product and the embedding lookup go through `jspec.core.quant`, which calls
 exactly `jnp.einsum` / `jnp.take` on float weights, so float models compute as before.
 
@@ -313,7 +313,7 @@ def contracted_axes(path: str) -> tuple[int, ...] | None:
 def quantize_params(params: dict, mode: str = "int8") -> dict:
   """params with every matrix (q, k, v, o, the MLP's; the embedding and LM head) as a
   `jspec.core.quant.QuantWeight` in `mode` (`jspec.core.quant.MODES`: "int8" and "fp8" per
-  output channel, "int4" in groups of 32 inputs); norms, biases and learned positions as
+  output channel, "int4" affine in groups of 32 inputs); norms, biases and learned positions as
   they are. Takes the stored form (layers stacked, the scales keep the layer axis:
   [L, 1, H, Dh] for wq [L, D, H, Dh]) or the decoding form (a list of layers); weights
   already quantized are kept."""

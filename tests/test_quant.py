@@ -89,19 +89,24 @@ def test_an_all_zero_channel_quantizes_to_zero():
     ((24, 5), (0,), (3, 5))],  # 24 inputs: groups of gcd(24, 32) = 8
     ids=["wq", "embed", "wo", "lm_head", "short"])
 def test_int4_rounding_error_is_at_most_half_a_step_per_group(shape, axes, scale, dtype):
+  """Affine per group of inputs along the last contracted axis (each head of wo its own
+  groups): 16 levels from the group's min to its max, each weight within half a step."""
   w = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(dtype)
   qw = quant.quantize(w, axes, "int4")
-  assert qw.q.dtype == jnp.int4 and qw.q.shape == shape and qw.scale.shape == scale
-  assert qw.scale.dtype == dtype and qw.offset is None
+  assert qw.q.dtype == jnp.uint4 and qw.q.shape == shape and qw.scale.shape == scale
+  assert qw.scale.dtype == dtype and qw.offset.shape == scale and qw.offset.dtype == dtype
   w32, q = np.asarray(w, np.float32), np.asarray(qw.q, np.int32)
   s = np.asarray(quant._expand(qw.scale, shape), np.float32)
-  assert np.all(np.abs(w32 - q * s) <= s / 2 * (1 + 1e-6))
-  assert np.all(np.abs(q) <= 7)
-  # Each group's largest weight lands on +-7: the groups are where the scale says.
-  g = shape[max(axes)] // scale[max(axes)]
+  o = np.asarray(quant._expand(qw.offset, shape), np.float32)
+  tol = 1e-6 if dtype == jnp.float32 else 2.0 ** -7  # bf16 scale and offset: rounded
+  assert np.all(np.abs(w32 - (q * s + o)) <= s / 2 + tol * (np.abs(o) + 15 * s))
+  assert 0 <= q.min() and q.max() <= 15
+  # Each group's min lands on 0 and its max on 15: the groups are where the scale says.
   a = max(axes)
-  split = np.abs(q).reshape(shape[:a] + (shape[a] // g, g) + shape[a + 1:])
-  np.testing.assert_array_equal(np.max(split, axis=a + 1), 7)
+  g = shape[a] // scale[a]
+  split = q.reshape(shape[:a] + (shape[a] // g, g) + shape[a + 1:])
+  np.testing.assert_array_equal(np.min(split, axis=a + 1), 0)
+  np.testing.assert_array_equal(np.max(split, axis=a + 1), 15)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
@@ -120,12 +125,12 @@ def test_fp8_error_is_within_e4m3s_rounding(dtype):
 
 
 def test_forms_mix_exactly_when_fused():
-  """int8 per channel, int4 in groups of 32, and an affine int8 weight in groups of 16,
+  """int8 per channel, int4 (affine) in groups of 32, and an affine int8 weight in groups of 16,
   concatenated along their outputs: the fused weight dequantizes to the three dequantized
   weights side by side, and computes their products."""
   keys = jax.random.split(jax.random.key(4), 3)
   a = quant.quantize(jax.random.normal(keys[0], (64, 8)), (0,), "int8")
-  b = quant.quantize(jax.random.normal(keys[1], (64, 8)), (0,), "int4")
+  b = quant.quantize(jax.random.normal(keys[1], (64, 8)), (0,), "int4")  # uint4, affine
   c = quant.QuantWeight(q=jax.random.randint(keys[2], (64, 8), 0, 31).astype(jnp.int8),
                         scale=jnp.full((4, 8), 0.01), offset=jnp.full((4, 8), -0.15))
   fused = quant.concatenate([a, b, c], axis=1)
@@ -145,7 +150,8 @@ def test_forms_mix_exactly_when_fused():
 
 def test_bytes_count_four_bit_values_at_half_a_byte():
   w = jnp.ones((64, 32), jnp.float32)
-  assert quant.num_bytes(quant.quantize(w, (0,), "int4")) == 64 * 32 // 2 + 2 * 32 * 4
+  # int4: half a byte a value, a scale and an offset per 32 inputs.
+  assert quant.num_bytes(quant.quantize(w, (0,), "int4")) == 64 * 32 // 2 + 2 * 2 * 32 * 4
   assert quant.num_bytes(quant.quantize(w, (0,), "int8")) == 64 * 32 + 32 * 4
   assert quant.num_bytes(quant.quantize(w, (0,), "fp8")) == 64 * 32 + 32 * 4
   assert quant.num_elements(quant.quantize(w, (0,), "int4")) == 64 * 32
@@ -374,7 +380,7 @@ def test_self_int8_is_a_registered_method_and_needs_a_zoo_model(target):
   assert {f"self-{m}" for m in quant.MODES} <= set(methods.names())
   assert methods.parse_spec("self-int8@k=auto").k == "auto"
   built = methods.build("self-int4", target, k=2)
-  assert built.drafter.model.params["layers"]["wq"].q.dtype == jnp.int4
+  assert built.drafter.model.params["layers"]["wq"].q.dtype == jnp.uint4
   foreign = dataclasses.replace(target, apply_fn=lambda *a, **kw: target.apply_fn(*a, **kw))
   with pytest.raises(methods.Unavailable, match="self-int8 quantizes the target"):
     methods.build("self-int8", foreign)
@@ -471,7 +477,7 @@ def test_int4_and_fp8_models_compute_their_dequantized_weights(modes, mode):
   the cache-free pass and the decoding form's cached calls; and they stay near the float
   model's (argmaxes mostly equal)."""
   target, model = modes(mode)
-  storage = {"int4": jnp.int4, "fp8": jnp.float8_e4m3fn}[mode]
+  storage = {"int4": jnp.uint4, "fp8": jnp.float8_e4m3fn}[mode]
   assert model.params["layers"]["wq"].q.dtype == storage
   got = np.asarray(model.logits(TOKENS))
   np.testing.assert_allclose(got, np.asarray(_dequantized(model).logits(TOKENS)), rtol=0,

@@ -390,6 +390,29 @@ def capacity_cache(header: dict, recs) -> str:
   return markdown(out)
 
 
+def quant_agreement(header: dict, recs) -> str:
+  """benchmarks/quant_agreement.py: per weights mode, the bytes held (and over f32's),
+  top-1 agreement with the f32 model teacher-forced on its answers (all positions, and
+  the range over prompts), and the greedy answers equal / the median token where they
+  part."""
+  bytes_ = header["bytes"]
+  out = [["weights", "bytes held (x f32)", "top-1 agreement", "per prompt",
+          "greedy answers equal", "part at token (median)", "max logit difference"]]
+  for mode in dict.fromkeys(r.method for r in recs):
+    mine = [r for r in recs if r.method == mode]
+    agree = sum(r.extra["agree"] for r in mine)
+    positions = sum(r.extra["positions"] for r in mine)
+    shares = [r.extra["agree"] / r.extra["positions"] for r in mine]
+    parts = [r.extra["first_difference"] for r in mine if r.extra["first_difference"] is not None]
+    out.append([f"`{mode}`", f"{bytes_[mode]:,} ({bytes_[mode] / bytes_['f32']:.3f}x)",
+                f"{agree:,} / {positions:,} ({100 * agree / positions:.1f}%)",
+                f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%",
+                f"{sum(bool(r.equal) for r in mine)} of {len(mine)}",
+                f"{float(np.median(parts)):.0f}" if parts else "-",
+                f"{max(r.extra['max_logit_difference'] for r in mine):.3g}"])
+  return markdown(out)
+
+
 def _many_label(header, method):
   slots, requests = header["settings"]["slots"], header["settings"]["requests"]
   calls = -(-requests // slots)

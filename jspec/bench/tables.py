@@ -43,6 +43,7 @@ TABLES: dict[str, Callable] = {
     "many.static": report.many_static,
     "many.vllm": report.many_vllm,
     "engine.load": report.engine_load,
+    "quant.agreement": report.quant_agreement,
     # `jspec bench` on the shipped pair, a table per section (`pair.section_tables`)
     **{f"pair.{name}": pair.section_table(name) for name in pair.TABLE_SECTIONS},
 }

@@ -134,7 +134,7 @@ def load(path, dtype=None, mesh=None, rules=None, weights=None) -> Model:
     weights: None keeps the float weights; "int8", "int4" or "fp8" stores every matrix,
       the embedding and the LM head quantized with scales in `dtype`
       (`jspec.models.quantize_model`; int8 and fp8 one byte per parameter, int4 half a
-      byte plus a scale per 32, `Model.num_bytes`), the parameter count unchanged: the
+      byte plus a scale and an offset per 32, `Model.num_bytes`), the parameter count unchanged: the
       weights are read as floats first, then quantized. "gguf" keeps a GGUF file's own
       quantized blocks as they are stored (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K;
       `jspec.models.gguf`), and is refused for any other checkpoint. Checked before

@@ -396,9 +396,10 @@ WEIGHTS = ("int8", "int4", "fp8", "gguf")
 def _add_weights(p) -> None:
   p.add_argument("--weights", choices=WEIGHTS, default=None,
                  help="the target's matrices, embedding and LM head quantized: int8 or fp8 "
-                      "(e4m3) with one scale per output channel, int4 with one per 32 inputs; "
-                      "gguf: a GGUF file's own quantized blocks as stored (decoding is exact "
-                      "for that quantized model; default: the float weights)")
+                      "(e4m3) with one scale per output channel, int4 (affine) with a scale "
+                      "and an offset per 32 inputs; gguf: a GGUF file's own quantized blocks "
+                      "as stored (decoding is exact for that quantized model; default: the "
+                      "float weights)")
 
 
 def main(argv=None) -> int:
