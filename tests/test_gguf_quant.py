@@ -257,3 +257,15 @@ def test_the_kept_model_places_on_a_mesh(mixed):
   tokens = np.asarray([[1, 2, 3, 4, 5]], np.int32)
   np.testing.assert_array_equal(np.asarray(placed.logits(tokens)),
                                 np.asarray(kept.logits(tokens)))
+
+
+def test_the_command_line_generates_with_the_files_blocks(mixed, capsys):
+  """`jspec generate --weights gguf` on a GGUF target: the kept model's greedy text."""
+  from jspec.tools import cli
+
+  path, kept, _ = mixed
+  assert cli.main(["generate", "--target", path, "--prompt", "abc", "--max-new-tokens", "6",
+                   "--weights", "gguf"]) == 0
+  printed = capsys.readouterr().out
+  want = jspec.generate_text(kept, "abc", max_new_tokens=6)
+  assert want[0] and want[0] in printed, (want, printed)
