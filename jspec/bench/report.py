@@ -396,6 +396,7 @@ def quant_agreement(header: dict, recs) -> str:
   the range over prompts), and the greedy answers equal / the median token where they
   part."""
   bytes_ = header["bytes"]
+  recs = [r for r in recs if r.study == "quant-agreement"]
   out = [["weights", "bytes held (x f32)", "top-1 agreement", "per prompt",
           "greedy answers equal", "part at token (median)", "max logit difference"]]
   for mode in dict.fromkeys(r.method for r in recs):
