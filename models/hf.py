@@ -559,8 +559,9 @@ def _quantized_rule(rule: Rule, config, arrays):
   full = lambda x, g: None if x is None else np.repeat(x, g, axis=1)
   qs = rule.load(config, *[a.q for a in arrays])
   scales = rule.load(config, *[full(a.scale, g) for a, g in zip(arrays, groups)])
-  offsets = ([None] * len(qs) if arrays[0].offset is None else
-             rule.load(config, *[full(a.offset, g) for a, g in zip(arrays, groups)]))
+  offsets = ([None] * len(qs) if all(a.offset is None for a in arrays) else
+             rule.load(config, *[full(np.zeros_like(a.scale) if a.offset is None else a.offset,
+                                      g) for a, g in zip(arrays, groups)]))
   out = []
   for p, q, s, o in zip(rule.ours, qs, scales, offsets):
     axes = contracted_axes(p)

@@ -148,6 +148,20 @@ def test_forms_mix_exactly_when_fused():
   np.testing.assert_array_equal(np.asarray(mixed[:, :8]), np.asarray(quant.dequantize(a)))
 
 
+def test_a_per_channel_weight_takes_the_per_head_groups_of_another():
+  """Stacking wo [H, Dh, D] per channel (scale [1, 1, D]) with wo in per-head groups
+  ([H, Dh/32, D], as a GGUF layer holds it): both to [H, Dh/32, D], each as it was."""
+  keys = jax.random.split(jax.random.key(6), 3)
+  grouped = quant.QuantWeight(q=jax.random.randint(keys[0], (4, 64, 8), -8, 8).astype(jnp.int4),
+                              scale=jax.random.uniform(keys[1], (4, 2, 8)))
+  channel = quant.quantize(jax.random.normal(keys[2], (4, 64, 8)), (0, 1), "int8")
+  a, b = quant.common_form([grouped, channel])
+  assert a.scale.shape == b.scale.shape == (4, 2, 8) and a.q.dtype == b.q.dtype == jnp.int8
+  for before, after in ((grouped, a), (channel, b)):
+    np.testing.assert_array_equal(np.asarray(quant.dequantize(after)),
+                                  np.asarray(quant.dequantize(before)))
+
+
 def test_bytes_count_four_bit_values_at_half_a_byte():
   w = jnp.ones((64, 32), jnp.float32)
   # int4: half a byte a value, a scale and an offset per 32 inputs.

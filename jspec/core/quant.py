@@ -256,8 +256,11 @@ def common_form(ws):
   xp = np if isinstance(ws[0].q, np.ndarray) else jnp
   storage = {jnp.dtype(w.q.dtype) for w in ws}
   store = ws[0].q.dtype if len(storage) == 1 else jnp.int8
-  counts = [max(w.scale.shape[a] for w in ws) if any(
-      w.scale.shape[a] not in (1, w.q.shape[a]) for w in ws) else None
+  # Per axis of one size in every weight (not the axis they are concatenated along): the
+  # scale count they share, or the largest where they differ (a per-channel 1 or a coarser
+  # grouping repeated up to it).
+  counts = [max(n) if len({w.q.shape[a] for w in ws}) == 1
+            and len(n := {w.scale.shape[a] for w in ws}) > 1 else None
             for a in range(ws[0].ndim)]
   affine = any(w.offset is not None for w in ws)
   out = []
