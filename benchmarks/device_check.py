@@ -33,7 +33,9 @@ keeps what it finished:
            tau, rounds at each K, every greedy answer checked equal to plain decoding's;
   weights  bf16 against the weight-only quantized copies of the 1.19B target the tree
            makes (int8, int4 in groups of 32, fp8 e4m3), in-loop step at batch 1 and 16
-           (skipped, with the reason, when this tree has no quantized weights);
+           (int8) or 1, and int8 at batch 1 with every product dequantizing its weight
+           first (Qwix's way) against scaling its output (jspec's): skipped, with the
+           reason, when this tree has no quantized weights;
   flags    `step` at batch 1 and `auto` again in a child process with XLA options that keep
            the loop on the device (`COMMAND_BUFFER_FLAGS`: command buffers over while loops
            and conditionals), against the default in the same run.
@@ -184,7 +186,7 @@ class Check:
   # ------------------------------------------------------------------- parts
 
   def steady_step(self, part: str, name: str, batch: int, weights: str = "base",
-                  cache_length: int | None = None, **config):
+                  cache_length: int | None = None, label: dict | None = None, **config):
     """Plain decoding's steady step of model `name` at `batch` (records with axes model,
     batch, weights and the config changes); cache_length None: the prompt's and run's
     bucket."""
@@ -197,7 +199,7 @@ class Check:
     recs = costs.steady(model, {runner.PLAIN: None}, prompts, s.new_tokens, s.repeats, STUDY,
                         **options)
     axes = {"model": name, "weights": weights if weights != "base" else s.dtype,
-            **{k: str(v) for k, v in config.items()}}
+            **{k: str(v) for k, v in config.items()}, **(label or {})}
     self.add(part, [dataclasses.replace(r, axes={**r.axes, **axes}) for r in recs])
 
   def part_step(self):
@@ -267,7 +269,37 @@ class Check:
     # are the step (the budget's five minutes hold about six compiled steps here).
     for mode in ("base",) + modes:
       for B in self.sizes.batches[:2] if mode in ("base", "int8") else self.sizes.batches[:1]:
-        self.steady_step("weights", "1b", B, weights=mode)
+        self.steady_step("weights", "1b", B, weights=mode,
+                         label={"product": {"base": "-", "int4": "dequantize (groups)"}.get(
+                             mode, "scale output")})
+    if "int8" in modes:
+      self.dequantize_first()
+
+  def dequantize_first(self):
+    """int8 at batch 1 again, each product computed the other way: the weight
+    dequantized (q * scale, a weight-sized multiply) before a float product, as Qwix does,
+    instead of scaling the product's output (`jspec.core.quant.einsum`). Which way is
+    faster on the device is what `quant.einsum`'s default per backend rests on. The
+    products are traced again (`jax.clear_caches`) with `quant.einsum` swapped, and
+    swapped back after; the notes count the swapped products traced."""
+    quant = importlib.import_module("jspec.core.quant")
+    direct, traced = quant.einsum, []
+
+    def first(eq, x, w, **kw):
+      if isinstance(w, quant.QuantWeight):
+        traced.append(eq)
+        return jnp.einsum(eq, x, quant.dequantize(w, x.dtype), **kw)
+      return direct(eq, x, w, **kw)
+
+    jax.clear_caches()
+    quant.einsum = first
+    try:
+      self.steady_step("weights", "1b", self.sizes.batches[0], weights="int8",
+                       label={"product": "dequantize first"})
+    finally:
+      quant.einsum = direct
+      jax.clear_caches()
+    self.notes["weights"] = {"dequantize_first_products_traced": len(traced)}
 
   def part_flags(self):
     """`step` at batch 1 and `auto`, each in a child process with and without
@@ -429,7 +461,7 @@ def tables(head: dict, recs) -> str:
       out += [step_rows(steps, ["flags"]), ""]
   if part("weights"):
     out += ["## Weight-only quantization (1.19B target)", "",
-            step_rows(part("weights"), ["weights"]), ""]
+            step_rows(part("weights"), ["weights", "product"]), ""]
   for name, note in head["notes"].items():
     if name != "span":
       out += [f"{name}: {json.dumps(note)}", ""]
@@ -457,7 +489,7 @@ def main(argv=None) -> int:
     return 0
   # What each part is expected to take on the device, seconds (compiles included), from
   # the 2026-11-30 run's compile and step times; a part starts only when this much is left.
-  expected = {"step": 100, "verify": 50, "auto": 40, "weights": 60, "span": 20, "flags": 60}
+  expected = {"step": 100, "verify": 50, "auto": 40, "weights": 70, "span": 20, "flags": 60}
   for name in parts:
     need = 0 if args.dry_run else expected[name]
     if check.left() < need:

@@ -54,9 +54,16 @@ def test_dry_run_writes_every_part(tmp_path):
   assert set(auto) == {"plain", "ngram@k=2", "ngram@k=4", "ngram@k=auto"}
   assert all(auto[m].equal is True for m in auto if m != "plain")
   assert sum(auto["ngram@k=auto"].rounds_by_k.values()) > 0
+  # weights: every form the tree makes, and int8 again with each product dequantizing its
+  # weight first (traced anew: the swapped products were called).
+  weights = {(r.axes["weights"], r.axes["product"]) for r in recs
+             if r.axes["part"] == "weights"}
+  assert {("int8", "scale output"), ("fp8", "scale output"), ("int4", "dequantize (groups)"),
+          ("int8", "dequantize first")} <= weights
+  assert head["notes"]["weights"]["dequantize_first_products_traced"] > 0
   text = (tmp_path / "device_check.md").read_text()
   for title in ("step inside the loop", "Verify cost against width", "Fixed K against",
-                "Dead cache slots"):
+                "Dead cache slots", "Weight-only quantization"):
     assert title in text
   assert not [f for f in os.listdir(tmp_path) if f.startswith("flags_child")]
 
