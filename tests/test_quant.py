@@ -550,3 +550,18 @@ def test_int8_params_place_on_a_mesh(pair):
       int8.params)
   assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
              for x in jax.tree_util.tree_leaves(placed.params))
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "fp8"])
+def test_the_cost_model_reads_the_bytes_a_quantized_call_streams(modes, mode):
+  """What the prior prices a call by: every weight as held (4-bit values at half a byte,
+  scales and offsets counted), less the untied input embedding (a call reads a few of its
+  rows); the weights counted as weights, not their scales."""
+  from jspec.planner import cost_model
+
+  target, model = modes(mode)
+  nbytes, nparams = cost_model._streamed(model)
+  embed = model.params["embed"]
+  assert nbytes == quant.num_bytes(model.params) - quant.num_bytes(embed)
+  assert nparams == model.num_params() - embed.q.size
+  assert nbytes < {"int4": 0.25, "int8": 0.3, "fp8": 0.3}[mode] * cost_model._streamed(target)[0]

@@ -245,9 +245,11 @@ def _measure(repeats: int) -> DeviceRates:
 
 
 def _bytes_and_params(tree) -> tuple[float, float]:
-  leaves = [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "shape")]
-  return (float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)),
-          float(sum(np.prod(x.shape) for x in leaves)))
+  """Bytes as held (`quant.num_bytes`: 4-bit values at half a byte, scales and offsets
+  counted) and weights (a quantized weight counting as its values)."""
+  leaves = [x for x in jax.tree_util.tree_leaves(tree, is_leaf=quant.is_quant_weight)
+            if hasattr(x, "shape")]
+  return float(quant.num_bytes(leaves)), float(quant.num_elements(leaves))
 
 
 def _streamed(model) -> tuple[float, float]:
@@ -261,9 +263,11 @@ def _streamed(model) -> tuple[float, float]:
   if head.lm_head is not None:
     e_bytes, e_params = _bytes_and_params(head.embed)
     if quant.is_quantized(model.params):
-      # head() hands an int8 embedding over dequantized; the model holds a byte a weight
-      # (the reference decoder quantizes its embedding whenever it quantizes anything).
-      e_bytes = e_params
+      # head() hands a quantized embedding over dequantized: count it as the model holds
+      # it (the reference decoder's "embed"), else at the model's bytes per weight.
+      held = model.params.get("embed") if isinstance(model.params, dict) else None
+      e_bytes = (_bytes_and_params(held)[0] if getattr(held, "shape", None) ==
+                 tuple(head.embed.shape) else e_params * w_bytes / w_params)
     w_bytes, w_params = w_bytes - e_bytes, w_params - e_params
   return w_bytes, w_params
 
