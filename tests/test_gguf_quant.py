@@ -11,6 +11,8 @@ K-quants as random blocks with small scales (the package only decodes those).
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -20,7 +22,6 @@ import gguf
 import jspec
 from conftest import assert_greedy_match
 from jspec.core import quant
-from jspec.models import gguf as G
 from jspec.models import gguf_file
 from test_bench_real import CHATML, PIECES, SPECIALS, VOCAB
 
@@ -195,8 +196,6 @@ def test_the_kept_model_computes_the_dequantised_files_logits(mixed):
 
 def test_the_kept_model_holds_about_the_files_bytes(mixed):
   path, kept, floats = mixed
-  import os
-
   assert kept.num_params() == floats.num_params()
   # Q4_K is 4.5 bits a weight in the file; held as 4-bit values, f32 scale and offset per
   # 32 inputs (6 bits a weight), or int8 with both per 16 (12 bits) where layers mix.

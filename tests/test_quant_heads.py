@@ -55,7 +55,7 @@ SLOW = pytest.mark.slow
 
 
 def _int8(model):
-  """`model` quantized as the brief's API does it, checked to be int8."""
+  """`model` quantized by `quantize_model(model, "int8")`, checked to be int8."""
   q = transformer.quantize_model(model, "int8")
   assert quant.is_quantized(q.params) and not quant.is_quantized(model.params)
   return q
