@@ -159,17 +159,24 @@ def _parse(path, buf, size, with_tensors) -> GGUFFile:
   return GGUFFile(path=path, metadata=metadata, tensors=tensors, byte_order=order)
 
 
+def _raw(file: GGUFFile, name: str) -> np.ndarray:
+  """Tensor `name`'s bytes, one positioned read."""
+  info = file.tensors[name]
+  with open(file.path, "rb") as f:
+    f.seek(info.offset)
+    raw = np.frombuffer(f.read(info.n_bytes), np.uint8)
+  if raw.size != info.n_bytes:
+    raise GGUFFormatError(f"{file.path}: tensor {name} is truncated")
+  return raw
+
+
 def read_tensor(file: GGUFFile, name: str) -> np.ndarray:
   """Tensor `name` dequantised to f32, in NumPy (row-major) shape."""
   import gguf
 
   info = file.tensors[name]
   qtype = gguf.GGMLQuantizationType(info.type)
-  with open(file.path, "rb") as f:
-    f.seek(info.offset)
-    raw = np.frombuffer(f.read(info.n_bytes), np.uint8)
-  if raw.size != info.n_bytes:
-    raise GGUFFormatError(f"{file.path}: tensor {name} is truncated")
+  raw = _raw(file, name)
   if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
     dtype = np.dtype(file.byte_order + ("f4" if qtype == gguf.GGMLQuantizationType.F32 else "f2"))
     return raw.view(dtype).astype(np.float32, copy=False).reshape(info.shape)
@@ -239,11 +246,7 @@ def read_blocks(file: GGUFFile, name: str):
   qtype = gguf.GGMLQuantizationType(info.type)
   group, storage, (lo, hi) = KEPT[qtype.name]
   block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-  with open(file.path, "rb") as f:
-    f.seek(info.offset)
-    raw = np.frombuffer(f.read(info.n_bytes), np.uint8)
-  if raw.size != info.n_bytes:
-    raise GGUFFormatError(f"{file.path}: tensor {name} is truncated")
+  raw = _raw(file, name)
   rows, width = info.shape
   w = np.asarray(gguf.quants.dequantize(raw.reshape(rows, -1), qtype), np.float32)
   scale, offset = _block_scales(qtype.name, raw.reshape(-1, type_size))

@@ -49,6 +49,13 @@ def blocks(rng, qtype: Q, rows: int, width: int) -> np.ndarray:
   return raw.reshape(rows, -1)
 
 
+def _close(w) -> None:
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
 def write(path, rng, types: dict, tie: bool = True) -> str:
   """A llama GGUF with the tokenizer of test_bench_real; `types` {tensor name: qtype}
   (matrices not named: Q8_0)."""
@@ -88,10 +95,7 @@ def write(path, rng, types: dict, tie: bool = True) -> str:
                               ("ffn_gate", FFN, HIDDEN), ("ffn_up", FFN, HIDDEN),
                               ("ffn_down", HIDDEN, FFN)):
       matrix(b + name + ".weight", rows, width)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  _close(w)
   return str(path)
 
 
@@ -111,10 +115,7 @@ def test_each_kept_type_decodes_to_the_packages_weights(qtype, tmp_path):
   kind = Q[qtype]
   w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
   w.add_tensor("w", blocks(rng, kind, 6, 512), raw_dtype=kind)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  _close(w)
   f = gguf_file.read_header(tmp_path / "t.gguf")
   assert gguf_file.kept(f, "w")
   got = gguf_file.read_blocks(f, "w")
@@ -136,10 +137,7 @@ def test_a_block_that_does_not_decode_is_refused(tmp_path):
   raw[0, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
   w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
   w.add_tensor("w", raw, raw_dtype=Q.Q4_0)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  _close(w)
   with pytest.raises(gguf_file.GGUFFormatError, match="does not decode"):
     gguf_file.read_blocks(gguf_file.read_header(tmp_path / "t.gguf"), "w")
 
