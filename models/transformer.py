@@ -613,11 +613,10 @@ def logical_axes(config: TransformerConfig) -> tuple[dict, dict]:
 def output_head(config: TransformerConfig, params: dict) -> OutputHead:
   """The model contract's optional head: token embedding [V, D], untied LM head [D, V]."""
   softcap = config.final_logit_softcapping
-  # Drafters that share the head (Medusa, EAGLE, a reduced vocabulary) read plain arrays:
-  # a quantized model's head as the values it computes with, q * scale.
-  return OutputHead(embed=quant.dequantize(params["embed"]),
-                    lm_head=None if config.tie_word_embeddings else quant.dequantize(
-                        params["lm_head"]),
+  # As held: drafters that share the head (Medusa, EAGLE, DFlash, a reduced vocabulary)
+  # read a quantized model's through quant.take / quant.einsum, and hold no float copy.
+  return OutputHead(embed=params["embed"],
+                    lm_head=None if config.tie_word_embeddings else params["lm_head"],
                     embedding_multiplier=float(config.embedding_multiplier),
                     final_logit_softcapping=float(softcap) if softcap else None)
 

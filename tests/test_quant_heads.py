@@ -3,12 +3,13 @@
 Medusa heads, EAGLE-1 and EAGLE-3 heads, MTP modules, DFlash and the reduced-vocabulary
 drafters (`Eagle.reduced`, `DFlash.reduced`, `DraftModel.reduced`) read the target's token
 embedding and LM head through `Model.head()`, which for a model quantized by
-`quantize_model(target, "int8")` hands them the int8 head dequantized (q * scale,
-`models/transformer.py`, `output_head`). Checked here, with tiny random targets made int8:
+`quantize_model(target, "int8")` hands them the int8 head as the target holds it
+(`models/transformer.py`, `output_head`). Checked here, with tiny random targets made int8:
 
-  - every such drafter holds exactly that dequantized head (no int8 leaf, nothing of the
-    float target), and it computes the int8 target's own logits from the target's hidden
-    state (so the drafts are the int8 model's, not its float original's);
+  - every such drafter holds that int8 head itself (the target's own arrays: no float copy
+    of a [V, D] table), its reduced rows are the dequantized head's rows (q * scale), and
+    it computes the int8 target's own logits from the target's hidden state (so the drafts
+    are the int8 model's, not its float original's);
   - greedy speculative decoding with each drafter over the int8 target returns the int8
     target's own greedy output (plain decoding of the int8 model; the near-tie rule of
     docs/architecture.md), for chains over K and batch, static trees and EAGLE-2 dynamic
@@ -160,11 +161,9 @@ def loaded_mtp(targets, tmp_path_factory):
   from test_mtp import mtp_dir
   _, int8 = targets("mtp")
   module = jspec.load_drafter(mtp_dir(tmp_path_factory.mktemp("mtp") / "m"), int8)
-  assert isinstance(module, MTP) and not quant.is_quantized(module)
-  np.testing.assert_array_equal(_plain(module.embed),
-                                _plain(quant.dequantize(int8.params["embed"])))
-  np.testing.assert_array_equal(_plain(module.lm_head),
-                                _plain(quant.dequantize(int8.params["lm_head"])))
+  assert isinstance(module, MTP)
+  assert _shares(module.embed, int8.params["embed"])
+  assert _shares(module.lm_head, int8.params["lm_head"])
   return int8, module
 
 
@@ -178,22 +177,42 @@ def _plain(x):
   return np.asarray(x, np.float32)
 
 
+def _shares(held, weight) -> bool:
+  """Whether `held` is the quantized `weight` itself: the same arrays, no copy."""
+  leaves = lambda x: jax.tree_util.tree_leaves(x)  # noqa: E731
+  return (quant.is_quant_weight(held) and len(leaves(held)) == len(leaves(weight))
+          and all(a is b for a, b in zip(leaves(held), leaves(weight))))
+
+
+def _float_tables(drafter, V, D) -> list:
+  """The float leaves of `drafter`, its own trained weights aside (`params`, Medusa's
+  `heads`: an EAGLE head's fc is [2D, D], here V = 2D), shaped like the target's [V, D]
+  or [D, V] tables."""
+  own = "heads" if isinstance(drafter, Medusa) else "params"
+  rest = dataclasses.replace(drafter, **{own: None})
+  return [x.shape for x in jax.tree_util.tree_leaves(rest)
+          if jnp.issubdtype(x.dtype, jnp.floating) and tuple(x.shape) in ((V, D), (D, V))]
+
+
 @pytest.mark.parametrize("name", ["zoo", "tied"])
-def test_head_sharing_drafters_hold_the_int8_targets_dequantized_head(targets, name):
-  """What every head-sharing drafter holds is the int8 head as q * scale: plain arrays (no
-  quantized leaf), bit for bit `quant.dequantize` of the int8 params, not the float
-  target's weights; and that head turns the int8 target's hidden state into the int8
-  target's logits (so untrained drafts are the int8 model's next tokens)."""
+def test_head_sharing_drafters_hold_the_int8_targets_own_head(targets, name):
+  """What every head-sharing drafter holds is the int8 head itself, the target's own
+  arrays (no float copy of a [V, D] table beside the target); its rows and `dense()` are
+  bit for bit `quant.dequantize` of the int8 params, not the float target's weights; and
+  that head turns the int8 target's hidden state into the int8 target's logits (so
+  untrained drafts are the int8 model's next tokens)."""
   model, int8 = targets(name)
   tied = name == "tied"
   embed = _plain(quant.dequantize(int8.params["embed"]))
   lm_head = None if tied else _plain(quant.dequantize(int8.params["lm_head"]))
   assert quant.is_quantized(int8.params["embed"])
   head = int8.head()
-  np.testing.assert_array_equal(_plain(head.embed), embed)
+  assert _shares(head.embed, int8.params["embed"])
+  np.testing.assert_array_equal(_plain(head.dense().embed), embed)
   assert (head.lm_head is None) == tied
   if not tied:
-    np.testing.assert_array_equal(_plain(head.lm_head), lm_head)
+    assert _shares(head.lm_head, int8.params["lm_head"])
+    np.testing.assert_array_equal(_plain(head.dense().lm_head), lm_head)
   # The rounding is real: the shared head is not the float target's.
   assert not np.array_equal(embed, _plain(model.params["embed"]))
   assert np.allclose(embed, _plain(model.params["embed"]), atol=0.01 * np.abs(embed).max())
@@ -206,18 +225,19 @@ def test_head_sharing_drafters_hold_the_int8_targets_dequantized_head(targets, n
   eagle3 = eagle_over(int8, (0, 1, 1))
   mtp = mtp_over(int8)
   dflash = make_dflash(int8)
-  np.testing.assert_array_equal(_plain(med.lm_head), embed if tied else lm_head)
+  assert _shares(med.lm_head, int8.params["embed" if tied else "lm_head"])
   assert med.tied == tied
   for d in (eagle, eagle3, mtp, dflash):
-    np.testing.assert_array_equal(_plain(d.embed), embed, err_msg=type(d).__name__)
+    assert _shares(d.embed, int8.params["embed"]), type(d).__name__
     assert (d.lm_head is None) == tied
     if not tied:
-      np.testing.assert_array_equal(_plain(d.lm_head), lm_head, err_msg=type(d).__name__)
+      assert _shares(d.lm_head, int8.params["lm_head"]), type(d).__name__
   reduced = [eagle.reduced(ids), eagle3.reduced(ids), dflash.reduced(ids)]
   for d in reduced:
     np.testing.assert_array_equal(_plain(d.rows), rows, err_msg=type(d).__name__)
+  V, D = int8.vocab_size, int8.config.hidden_size
   for d in (med, eagle, eagle3, mtp, dflash, *reduced):
-    assert not quant.is_quantized(d), type(d).__name__
+    assert _float_tables(d, V, D) == [], type(d).__name__
   draft = jspec.DraftModel.reduced(int8, ids).prepared()  # the int8 model as its own draft
   np.testing.assert_array_equal(_plain(draft.rows), rows)
 
@@ -226,9 +246,9 @@ def test_head_sharing_drafters_hold_the_int8_targets_dequantized_head(targets, n
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, int8.vocab_size, (2, 48)), jnp.int32)
   logits, hidden, _ = jit_apply(int8, tokens, None, jnp.zeros((2,), jnp.int32))
   logits = np.asarray(logits)
-  for what, got in (("eagle", eagle.logits(hidden)),
-                    ("medusa", jnp.einsum("btd,vd->btv" if tied else "btd,dv->btv", hidden,
-                                          med.lm_head))):
+  for what, got in (("eagle", eagle.logits(hidden)), ("dflash", dflash.scores(hidden)),
+                    ("medusa", quant.einsum("btd,vd->btv" if tied else "btd,dv->btv", hidden,
+                                            med.lm_head))):
     np.testing.assert_allclose(np.asarray(got), logits, rtol=0,
                                atol=1e-5 * np.abs(logits).max(), err_msg=what)
   floats = np.asarray(model.logits(tokens))

@@ -56,14 +56,44 @@ class OutputHead:
 
   logits(h) = softcap(h @ lm_head), lm_head = embed.T when tied (`lm_head` None);
   an input embedding is embed[t] * embedding_multiplier.
+
+  embed and lm_head are the model's own weights as it holds them: a quantized model's
+  are `jspec.core.quant.QuantWeight`s, read through `quant.take` and `quant.einsum` (a
+  float copy of a [V, D] table held beside the target would undo much of what quantizing
+  it saved); `dense()` gives plain arrays for code that needs them (training, export).
   """
 
-  embed: jax.Array  # [V, D]
-  lm_head: jax.Array | None  # [D, V]; None: tied to embed
+  embed: Any  # [V, D] array or QuantWeight
+  lm_head: Any  # [D, V] array or QuantWeight; None: tied to embed
   embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
   # tanh(logits / c) * c on the output logits (Gemma 2); None: none
   final_logit_softcapping: float | None = dataclasses.field(default=None,
                                                             metadata=dict(static=True))
+
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """The input embedding: tokens [B, T] -> [B, T, D] in the table's dtype."""
+    x = quant.take(self.embed, tokens, axis=0)
+    if self.embedding_multiplier != 1.0:
+      x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
+    return x
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """f32 logits: hidden [B, T, D] (cast to the head's dtype) -> [B, T, V]."""
+    if self.lm_head is None:
+      out = quant.einsum("btd,vd->btv", hidden.astype(self.embed.dtype), self.embed,
+                         preferred_element_type=jnp.float32)
+    else:
+      out = quant.einsum("btd,dv->btv", hidden.astype(self.lm_head.dtype), self.lm_head,
+                         preferred_element_type=jnp.float32)
+    if self.final_logit_softcapping:
+      cap = self.final_logit_softcapping
+      out = jnp.tanh(out / cap) * cap
+    return out
+
+  def dense(self) -> "OutputHead":
+    """This head with plain arrays: a quantized weight as the values it computes with."""
+    return dataclasses.replace(self, embed=quant.dequantize(self.embed),
+                               lm_head=quant.dequantize(self.lm_head))
 
 
 @dataclasses.dataclass(frozen=True)

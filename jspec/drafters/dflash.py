@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.core import sampling
-from jspec.core.model import Model
+from jspec.core.model import Model, OutputHead
 from jspec.core.tree import top_ranked
 from jspec.drafters import vocab_subset
 from jspec.drafters.dflash_head import (DFlashConfig, block_forward, check_params, context_kv,
@@ -64,8 +64,9 @@ class DFlash:
   """
 
   params: Any  # see `param_shapes`
-  embed: jax.Array  # [V, D] the target's token embedding
-  lm_head: jax.Array | None  # [D, V] the target's LM head; None: tied to `embed`
+  # The target's own (a quantized target's as it holds them: `OutputHead`).
+  embed: Any  # [V, D] the target's token embedding
+  lm_head: Any  # [D, V] the target's LM head; None: tied to `embed`
   config: DFlashConfig = dataclasses.field(metadata=dict(static=True))
   embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
   final_logit_softcapping: float | None = dataclasses.field(
@@ -142,25 +143,19 @@ class DFlash:
 
   def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     """The target's embedding: tokens [B, T] -> [B, T, D]."""
-    x = jnp.take(self.embed, tokens, axis=0)
-    if self.embedding_multiplier != 1.0:
-      x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
-    return x
+    return self.head().embed_tokens(tokens)
+
+  def head(self) -> OutputHead:
+    """The target's embedding and LM head this drafter holds."""
+    return OutputHead(embed=self.embed, lm_head=self.lm_head,
+                      embedding_multiplier=self.embedding_multiplier,
+                      final_logit_softcapping=self.final_logit_softcapping)
 
   def scores(self, hidden: jax.Array) -> jax.Array:
     """f32 logits from normed hidden states [B, T, D]: over V, or over `ids` [B, T, N]."""
     if self.ids is not None:
       return vocab_subset.scores(hidden, self.rows, self.final_logit_softcapping)
-    if self.lm_head is None:
-      out = jnp.einsum("btd,vd->btv", hidden.astype(self.embed.dtype), self.embed,
-                       preferred_element_type=jnp.float32)
-    else:
-      out = jnp.einsum("btd,dv->btv", hidden.astype(self.lm_head.dtype), self.lm_head,
-                       preferred_element_type=jnp.float32)
-    if self.final_logit_softcapping:
-      cap = self.final_logit_softcapping
-      out = jnp.tanh(out / cap) * cap
-    return out
+    return self.head().logits(hidden)
 
   def block_logits(self, cache, context, depth: int) -> jax.Array:
     """Logits of block slots 1..depth [B, depth, V or N], from the whole block at L-1."""

@@ -57,7 +57,7 @@ from jax import lax
 from jspec.core import nn as layers
 from jspec.core import sampling
 from jspec.drafters import vocab_subset
-from jspec.core.model import Model
+from jspec.core.model import Model, OutputHead
 from jspec.core.dynamic_tree import DynamicTree
 from jspec.drafters import eagle_tree
 # The head's config, params and layer (eagle_head); EagleConfig and init_params are public here.
@@ -87,8 +87,9 @@ class Eagle:
   """
 
   params: Any  # head params (see `param_shapes`)
-  embed: jax.Array  # [V, D] the target's token embedding (frozen)
-  lm_head: jax.Array | None  # [D, V] the target's LM head; None: tied to `embed`
+  # The target's own (a quantized target's as it holds them: `OutputHead`).
+  embed: Any  # [V, D] the target's token embedding (frozen)
+  lm_head: Any  # [D, V] the target's LM head; None: tied to `embed`
   config: EagleConfig = dataclasses.field(metadata=dict(static=True))
   embedding_multiplier: float = dataclasses.field(default=1.0, metadata=dict(static=True))
   final_logit_softcapping: float | None = dataclasses.field(
@@ -185,23 +186,18 @@ class Eagle:
     """e(t) as the target computes it (or the head's own copy): tokens [B, T] -> [B, T, D]."""
     if self.token_embed is not None:
       return jnp.take(self.token_embed, tokens, axis=0)
-    x = jnp.take(self.embed, tokens, axis=0)
-    if self.embedding_multiplier != 1.0:
-      x = x * jnp.asarray(self.embedding_multiplier, x.dtype)
-    return x
+    return self.head().embed_tokens(tokens)
+
+  def head(self) -> OutputHead:
+    """The target's embedding and LM head this head holds (shared, as the target holds
+    them: a quantized target's stay quantized)."""
+    return OutputHead(embed=self.embed, lm_head=self.lm_head,
+                      embedding_multiplier=self.embedding_multiplier,
+                      final_logit_softcapping=self.final_logit_softcapping)
 
   def logits(self, features: jax.Array) -> jax.Array:
     """The target's LM head: features [B, T, D] -> f32 logits [B, T, V]."""
-    if self.lm_head is None:
-      out = jnp.einsum("btd,vd->btv", features.astype(self.embed.dtype), self.embed,
-                       preferred_element_type=jnp.float32)
-    else:
-      out = jnp.einsum("btd,dv->btv", features.astype(self.lm_head.dtype), self.lm_head,
-                       preferred_element_type=jnp.float32)
-    if self.final_logit_softcapping:
-      cap = self.final_logit_softcapping
-      out = jnp.tanh(out / cap) * cap
-    return out
+    return self.head().logits(features)
 
   def init_cache(self, batch: int, length: int, dtype=None) -> dict:
     """Zeroed K/V of each of the head's layers for `batch` rows of `length` slots (dtype:

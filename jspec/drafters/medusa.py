@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
 from jspec.drafters import params_io
 from jspec.core.model import Model
 from jspec.core.tree import top_ranked
@@ -143,7 +144,8 @@ class Medusa:
   """
 
   heads: dict  # {"w": [K, D, D], "b": [K, D]}
-  lm_head: jax.Array  # [V, D] when tied (the embedding table), else [D, V]
+  # [V, D] when tied (the embedding table), else [D, V]: the target's, as it holds it
+  lm_head: Any
   num_heads: int = _static()
   tied: bool = _static(True)
   softcap: float | None = _static(None)
@@ -188,11 +190,13 @@ class Medusa:
     if self.head_out is not None:  # each head's own output layer, no softcap (as published)
       out = self.head_out[:x.shape[-2]].astype(x.dtype)
       return jnp.einsum("...kd,kvd->...kv", x, out, preferred_element_type=jnp.float32)
-    lm = self.lm_head.astype(x.dtype)
-    if self.tied:
-      logits = jnp.einsum("...kd,vd->...kv", x, lm, preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum("...kd,dv->...kv", x, lm, preferred_element_type=jnp.float32)
+    # A quantized target's head as it holds it (quant.einsum casts its values to x's
+    # dtype), over x with its leading axes flattened: quant.einsum names every axis.
+    lm = self.lm_head if quant.is_quant_weight(self.lm_head) else self.lm_head.astype(x.dtype)
+    flat = x.reshape((-1,) + x.shape[-2:])  # [N, num, D]
+    eq = "nkd,vd->nkv" if self.tied else "nkd,dv->nkv"
+    logits = quant.einsum(eq, flat, lm, preferred_element_type=jnp.float32)
+    logits = logits.reshape(x.shape[:-1] + logits.shape[-1:])
     if self.softcap:
       logits = jnp.tanh(logits / self.softcap) * self.softcap
     return logits

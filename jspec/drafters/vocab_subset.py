@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
+
 
 def check_ids(ids, vocab_size: int) -> jax.Array:
   """`ids` as int32 [N] after checking them: distinct token ids in [0, V), N >= 1."""
@@ -30,11 +32,12 @@ def check_ids(ids, vocab_size: int) -> jax.Array:
   return jnp.asarray(ids, jnp.int32)
 
 
-def head_rows(embed: jax.Array, lm_head: jax.Array | None, ids: jax.Array) -> jax.Array:
-  """The output-head rows of `ids`: [N, D] from embed [V, D] (tied) or lm_head [D, V]."""
+def head_rows(embed, lm_head, ids: jax.Array) -> jax.Array:
+  """The output-head rows of `ids`: [N, D] from embed [V, D] (tied) or lm_head [D, V],
+  plain arrays or quantized (`quant.take`: the N rows dequantized, not the table)."""
   if lm_head is None:
-    return jnp.take(embed, ids, axis=0)
-  return jnp.take(lm_head, ids, axis=1).T
+    return quant.take(embed, ids, axis=0)
+  return quant.take(lm_head, ids, axis=1).T
 
 
 def scores(hidden: jax.Array, rows: jax.Array, softcap: float | None) -> jax.Array:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.core import quant
 from jspec.core.model import Model
 from jspec.drafters import params_io
 from jspec.drafters.draft_model import DraftModel
@@ -112,7 +113,11 @@ def load_draft(path, target: Model, dtype="float32") -> DraftModel:
   params = params_io.restore_checked(os.path.join(path, PARAMS_DIR), shapes, dtype, "params",
                                      CONFIG_FILE)
   if "embed" in borrowed:
-    params["embed"] = embed if dtype is None else embed.astype(dtype)
+    # Shared as the target holds it (a quantized target's stays quantized) unless the
+    # draft computes in another dtype: then a copy in the draft's.
+    if dtype is not None and jnp.dtype(dtype) != jnp.dtype(embed.dtype):
+      embed = quant.dequantize(embed).astype(dtype)
+    params["embed"] = embed
   model = models.make_model(config, params, eos_ids=tuple(target.eos_ids))
   ids = meta.get("draft_ids")
   if ids is None:

@@ -140,7 +140,7 @@ def export(eagle: Eagle, out: str, *, dtype=np.float32, max_positions: int = 204
   if eagle.token_embed is None and eagle.embedding_multiplier != 1.0:
     raise ValueError("the target scales its embeddings (embedding_multiplier "
                      f"{eagle.embedding_multiplier}); the EAGLE-1 layout reads them unscaled")
-  tensors["embed_tokens.weight"] = f(eagle.embed if eagle.token_embed is None
+  tensors["embed_tokens.weight"] = f(eagle.head().dense().embed if eagle.token_embed is None
                                      else eagle.token_embed)
   out = T.new_dir(out)
   T.write_safetensors(os.path.join(out, "model.safetensors"), tensors)

@@ -316,7 +316,7 @@ def tensors_of(eagle: Eagle, layout: str, dtype) -> dict[str, np.ndarray]:
   else:
     rows = np.asarray(vocab_subset.head_rows(eagle.embed, eagle.lm_head, ids), np.float32)
   out["lm_head.weight"] = f(rows)
-  embed = eagle.token_embed if eagle.token_embed is not None else eagle.embed
+  embed = eagle.token_embed if eagle.token_embed is not None else eagle.head().dense().embed
   if eagle.token_embed is None and eagle.embedding_multiplier != 1.0:
     raise ValueError("the target scales its embeddings (embedding_multiplier "
                      f"{eagle.embedding_multiplier}); the published layouts read them unscaled")

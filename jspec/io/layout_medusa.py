@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from jspec.core import quant
 from jspec.drafters.medusa import Medusa
 from jspec.models.hf import CheckpointError
 from jspec.io import layout_tensors as T
@@ -82,7 +83,7 @@ def export(medusa: Medusa, out: str, *, dtype=np.float32, base_model: str | None
   if medusa.head_out is not None:
     outs = np.asarray(medusa.head_out, np.float32)
   else:
-    lm = np.asarray(medusa.lm_head, np.float32)
+    lm = np.asarray(quant.dequantize(medusa.lm_head), np.float32)  # a quantized target's too
     lm = lm if medusa.tied else lm.T  # [V, D]
     outs = np.broadcast_to(lm, (K,) + lm.shape)
   tensors = {}

@@ -261,13 +261,7 @@ def _streamed(model) -> tuple[float, float]:
   except TypeError:  # no head_fn: count everything
     return w_bytes, w_params
   if head.lm_head is not None:
-    e_bytes, e_params = _bytes_and_params(head.embed)
-    if quant.is_quantized(model.params):
-      # head() hands a quantized embedding over dequantized: count it as the model holds
-      # it (the reference decoder's "embed"), else at the model's bytes per weight.
-      held = model.params.get("embed") if isinstance(model.params, dict) else None
-      e_bytes = (_bytes_and_params(held)[0] if getattr(held, "shape", None) ==
-                 tuple(head.embed.shape) else e_params * w_bytes / w_params)
+    e_bytes, e_params = _bytes_and_params(head.embed)  # as the model holds it
     w_bytes, w_params = w_bytes - e_bytes, w_params - e_params
   return w_bytes, w_params
 

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
   ids = vocab_subset.frequent_tokens(answer_tokens, args.vocab, target.vocab_size)
   index = np.full((target.vocab_size,), -1, np.int32)
   index[ids] = np.arange(len(ids), dtype=np.int32)
-  head = target.head()
+  head = target.head().dense()  # the values the target computes with, as plain arrays
   rows = vocab_subset.head_rows(head.embed, head.lm_head, jnp.asarray(ids))
   embed, teacher_norm = head.embed, target.params["final_norm"]
   config = draft_config(target.config, args.layers)
