@@ -34,8 +34,13 @@ keeps what it finished:
   weights  bf16 against the weight-only quantized copies of the 1.19B target the tree
            makes (int8, int4 in groups of 32, fp8 e4m3), in-loop step at batch 1 and 16
            (int8) or 1, and int8 at batch 1 with every product dequantizing its weight
-           first (Qwix's way) against scaling its output (jspec's): skipped, with the
-           reason, when this tree has no quantized weights;
+           first (Qwix's way) against scaling its output (jspec's); first, compiled and not
+           run, the bytes a loop of the bf16 and int8 targets' calls holds
+           (`call_times.loop_memory`), and the int8 one again with each product's weight
+           tied to its input by an optimization barrier: whether XLA hoists the cast of
+           the int8 weights out of the loop and keeps them all dequantized, as on the CPU
+           (notes, "loop_memory_mib"); skipped, with the reason, when this tree has no
+           quantized weights;
   flags    `step` at batch 1 and `auto` again in a child process with XLA options that keep
            the loop on the device (`COMMAND_BUFFER_FLAGS`: command buffers over while loops
            and conditionals), against the default in the same run.
@@ -265,6 +270,8 @@ class Check:
     if not modes:
       self.notes["weights"] = {"skipped": "this tree has no quantized weights"}
       return
+    if "int8" in modes:
+      self.loop_memory()
     # bf16 and int8 at batch 1 and 16; the other forms at batch 1, where weight bytes
     # are the step (the budget's five minutes hold about six compiled steps here).
     for mode in ("base",) + modes:
@@ -274,6 +281,49 @@ class Check:
                              mode, "scale output")})
     if "int8" in modes:
       self.dequantize_first()
+
+  def loop_memory(self):
+    """MiB held by a loop of one-token calls of the bf16 and int8 targets, compiled only:
+    weights, the program's arguments and its temp (`call_times.loop_memory`). On the CPU
+    the int8 loop's temp is its weights dequantized (XLA hoisted the casts out of the
+    loop); "int8, barrier" compiles it again with every quantized product's weight
+    passed through an optimization barrier with the product's input (which does not
+    stop the CPU's hoisting)."""
+    try:
+      from jspec.planner.call_times import loop_memory
+    except ImportError:
+      self.notes.setdefault("weights", {})["loop_memory_mib"] = "not in this tree"
+      return
+    from jax import lax
+    quant = importlib.import_module("jspec.core.quant")
+    mib = lambda d: {k: None if v is None else round(v / 2**20, 1) for k, v in d.items()}  # noqa: E731
+    out = {self.sizes.dtype: mib(loop_memory(self.model("1b"))),
+           "int8": mib(loop_memory(self.model("1b", "int8")))}
+    einsum, take, traced = quant.einsum, quant.take, []
+
+    def tied(fn):
+      def call(a, w, *args, **kw):  # einsum(eq, x, w) / take(w, indices): tie w to the input
+        if isinstance(a, str):
+          x, w2 = w, args[0]
+          if isinstance(w2, quant.QuantWeight):
+            w2, _ = lax.optimization_barrier((w2, x))
+            traced.append(a)
+          return fn(a, x, w2, *args[1:], **kw)
+        if isinstance(a, quant.QuantWeight):
+          a, _ = lax.optimization_barrier((a, w))
+          traced.append("take")
+        return fn(a, w, *args, **kw)
+      return call
+
+    jax.clear_caches()
+    quant.einsum, quant.take = tied(einsum), tied(take)
+    try:
+      out["int8, barrier"] = mib(loop_memory(self.model("1b", "int8")))
+    finally:
+      quant.einsum, quant.take = einsum, take
+      jax.clear_caches()
+    self.notes.setdefault("weights", {}).update(loop_memory_mib=out,
+                                                 barrier_products_traced=len(traced))
 
   def dequantize_first(self):
     """int8 at batch 1 again, each product computed the other way: the weight
@@ -299,7 +349,7 @@ class Check:
     finally:
       quant.einsum = direct
       jax.clear_caches()
-    self.notes["weights"] = {"dequantize_first_products_traced": len(traced)}
+    self.notes.setdefault("weights", {})["dequantize_first_products_traced"] = len(traced)
 
   def part_flags(self):
     """`step` at batch 1 and `auto`, each in a child process with and without
@@ -489,7 +539,8 @@ def main(argv=None) -> int:
     return 0
   # What each part is expected to take on the device, seconds (compiles included), from
   # the 2026-11-30 run's compile and step times; a part starts only when this much is left.
-  expected = {"step": 100, "verify": 50, "auto": 40, "weights": 70, "span": 20, "flags": 60}
+  # weights: 70 s of steps and about 30 s of compiling three loops for their memory.
+  expected = {"step": 100, "verify": 50, "auto": 40, "weights": 100, "span": 20, "flags": 60}
   for name in parts:
     need = 0 if args.dry_run else expected[name]
     if check.left() < need:

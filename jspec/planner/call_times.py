@@ -135,6 +135,37 @@ def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None =
   return in_turns(runs, model, carries, calls, repeats)
 
 
+def loop_memory(model, batch: int = 1, cache_length: int = 256) -> dict[str, int | None]:
+  """Bytes of the program `loop_times` runs (a loop of one-token cached calls), compiled
+  and not run: "weights" as the model holds them (`quant.num_bytes`), and the compiled
+  program's "arguments" and "temp" (`memory_analysis`; None where the backend gives none).
+
+  What a quantized model's loop holds beyond its arguments shows whether the compiler
+  kept its weights narrow: XLA's loop-invariant code motion may compute a cast of q
+  (its weight alone) once before the loop and keep every weight dequantized while it
+  runs (on the CPU, SmolLM2-135M in int8: 513 MiB of temp, its f32 weights' size, where
+  the f32 model's loop needs none)."""
+  from jspec.core import quant
+
+  model = model.prepared()
+  vocab = model.vocab_size
+
+  def call(model, carry, i):
+    cache, block, start = carry
+    logits, _, cache = model.apply((block + i) % vocab, cache, start)
+    return (cache, block, start), jnp.argmax(logits, axis=-1)
+
+  start = jnp.full((batch,), max(min(PREFIX, cache_length - 1), 0), jnp.int32)
+  carry = (jax.eval_shape(lambda: model.init_cache(batch, cache_length)),
+           jax.ShapeDtypeStruct((batch, 1), jnp.int32), start)
+  compiled = looped(call).lower(model, carry, 2).compile()
+  stats = compiled.memory_analysis()
+  held = jax.tree_util.tree_leaves(model.params, is_leaf=quant.is_quant_weight)
+  return {"weights": int(quant.num_bytes(held)),
+          "arguments": None if stats is None else int(stats.argument_size_in_bytes),
+          "temp": None if stats is None else int(stats.temp_size_in_bytes)}
+
+
 def _times(model, batch: int, blocks, cache_length: int, cache_dir: str | None
            ) -> dict[int, float]:
   """{T: fastest seconds per call on T tokens} for each T in `blocks`. Reads and
