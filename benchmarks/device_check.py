@@ -36,11 +36,11 @@ keeps what it finished:
            (int8) or 1, and int8 at batch 1 with every product dequantizing its weight
            first (Qwix's way) against scaling its output (jspec's); and, compiled and not
            run, the bytes a loop of the bf16 and int8 targets' calls holds
-           (`call_times.loop_memory`), and the int8 one again with each product's weight
-           tied to its input by an optimization barrier: whether XLA hoists the cast of
-           the int8 weights out of the loop and keeps them all dequantized, as on the CPU
-           (notes, "loop_memory_mib"); skipped, with the reason, when this tree has no
-           quantized weights;
+           (`call_times.loop_memory`; notes, "loop_memory_mib"), the int8 one again with
+           each cast of q free to be computed ahead of its product and hoisted out of the
+           loop (`quant.in_call` the identity; on the CPU XLA then held every weight
+           dequantized), and int8's step at batch 1 that way: skipped, with the reason,
+           when this tree has no quantized weights;
   flags    `step` at batch 1 and `auto` again in a child process with XLA options that keep
            the loop on the device (`COMMAND_BUFFER_FLAGS`: command buffers over while loops
            and conditionals), against the default in the same run.
@@ -288,47 +288,33 @@ class Check:
         self.notes.setdefault("weights", {})[name] = f"skipped: {self.left():.0f} s left"
 
   def loop_memory(self):
-    """MiB held by a loop of one-token calls of the bf16 and int8 targets, compiled only:
-    weights, the program's arguments and its temp (`call_times.loop_memory`). On the CPU
-    the int8 loop's temp is its weights dequantized (XLA hoisted the casts out of the
-    loop); "int8, barrier" compiles it again with every quantized product's weight
-    passed through an optimization barrier with the product's input (which does not
-    stop the CPU's hoisting)."""
+    """What a loop of one-token calls of the bf16 and int8 targets holds, compiled only
+    (`call_times.loop_memory`, MiB: weights, the program's arguments and temp), and the
+    int8 loop again with `quant.in_call` made the identity ("int8, hoistable"): each cast
+    of q then depends on its weight alone, and on the CPU XLA computed them all ahead and
+    held every weight wide (the temp). With time left, int8's step at batch 1 that way
+    too. Trees without `in_call` record the note "not in this tree"."""
+    quant = importlib.import_module("jspec.core.quant")
     try:
       from jspec.planner.call_times import loop_memory
-    except ImportError:
+      real = quant.in_call
+    except (ImportError, AttributeError):
       self.notes.setdefault("weights", {})["loop_memory_mib"] = "not in this tree"
       return
-    from jax import lax
-    quant = importlib.import_module("jspec.core.quant")
     mib = lambda d: {k: None if v is None else round(v / 2**20, 1) for k, v in d.items()}  # noqa: E731
     out = {self.sizes.dtype: mib(loop_memory(self.model("1b"))),
            "int8": mib(loop_memory(self.model("1b", "int8")))}
-    einsum, take, traced = quant.einsum, quant.take, []
-
-    def tied(fn):
-      def call(a, w, *args, **kw):  # einsum(eq, x, w) / take(w, indices): tie w to the input
-        if isinstance(a, str):
-          x, w2 = w, args[0]
-          if isinstance(w2, quant.QuantWeight):
-            w2, _ = lax.optimization_barrier((w2, x))
-            traced.append(a)
-          return fn(a, x, w2, *args[1:], **kw)
-        if isinstance(a, quant.QuantWeight):
-          a, _ = lax.optimization_barrier((a, w))
-          traced.append("take")
-        return fn(a, w, *args, **kw)
-      return call
-
     jax.clear_caches()
-    quant.einsum, quant.take = tied(einsum), tied(take)
+    quant.in_call = lambda w, x: w
     try:
-      out["int8, barrier"] = mib(loop_memory(self.model("1b", "int8")))
+      out["int8, hoistable"] = mib(loop_memory(self.model("1b", "int8")))
+      if self.dry or self.left() >= 25:
+        self.steady_step("weights", "1b", self.sizes.batches[0], weights="int8",
+                         label={"product": "scale output, hoistable"})
     finally:
-      quant.einsum, quant.take = einsum, take
+      quant.in_call = real
       jax.clear_caches()
-    self.notes.setdefault("weights", {}).update(loop_memory_mib=out,
-                                                 barrier_products_traced=len(traced))
+    self.notes.setdefault("weights", {})["loop_memory_mib"] = out
 
   def dequantize_first(self):
     """int8 at batch 1 again, each product computed the other way: the weight
@@ -343,7 +329,8 @@ class Check:
     def first(eq, x, w, **kw):
       if isinstance(w, quant.QuantWeight):
         traced.append(eq)
-        return jnp.einsum(eq, x, quant.dequantize(w, x.dtype), **kw)
+        tie = getattr(quant, "in_call", lambda w, x: w)  # as jspec's products tie theirs
+        return jnp.einsum(eq, x, quant.dequantize(tie(w, x), x.dtype), **kw)
       return direct(eq, x, w, **kw)
 
     jax.clear_caches()

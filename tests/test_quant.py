@@ -565,3 +565,30 @@ def test_the_cost_model_reads_the_bytes_a_quantized_call_streams(modes, mode):
   assert nbytes == quant.num_bytes(model.params) - quant.num_bytes(embed)
   assert nparams == model.num_params() - embed.q.size
   assert nbytes < {"int4": 0.25, "int8": 0.3, "fp8": 0.3}[mode] * cost_model._streamed(target)[0]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "fp8"])
+def test_a_loop_of_quantized_calls_casts_each_weight_in_the_call(mode, monkeypatch):
+  """`quant.in_call` ties each cast of q to its product's input: a compiled loop of an
+  int8 model's calls then holds far less than its weights dequantized (on the CPU, one
+  weight's cast at a time), where with the casts free (`in_call` the identity) XLA CPU
+  computed them all ahead and held every weight wide; no form holds more tied than free.
+  Same values either way (the predicate is never true)."""
+  from jspec.planner import call_times
+
+  model = jspec.models.init(tiny_config(vocab_size=64, layers=4, hidden=64, heads=4,
+                                        kv_heads=2), seed=0)
+  q = transformer.quantize_model(model, mode)
+  wide = call_times.loop_memory(model, 2, 64)["weights"]  # the f32 weights' bytes
+  tied = call_times.loop_memory(q, 2, 64)
+  tokens = jnp.asarray([[3, 1, 4, 1, 5, 9]], jnp.int32)
+  want = np.asarray(q.logits(tokens))
+  monkeypatch.setattr(quant, "in_call", lambda w, x: w)
+  jax.clear_caches()
+  free = call_times.loop_memory(q, 2, 64)
+  np.testing.assert_array_equal(np.asarray(q.logits(tokens)), want)
+  monkeypatch.undo()
+  jax.clear_caches()
+  assert tied["temp"] <= free["temp"], (tied, free)  # free: every weight wide, measured
+  if mode == "int8":
+    assert tied["temp"] < 0.25 * wide, (tied, wide)

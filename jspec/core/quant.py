@@ -23,6 +23,21 @@ to it and scales the product's output (`einsum`), so a call reads one byte per p
 and computes as before; a grouped or affine weight is dequantized inside the product. The
 saving is in the bytes a call reads, not the arithmetic.
 
+A cast of q depends on the weight alone, and XLA treats it so: on the CPU it computed every
+cast of a call before the call's first product and held them all (an int8 SmolLM2-135M
+call: 513 MiB of temp, its f32 weights' size), and inside a loop, as every decode loop is,
+its loop-invariant code motion moved them before the loop. The model then held its
+weights twice, narrow and wide, and a step streamed the wide ones. `einsum` therefore
+passes the weight through `in_call`, a select on a predicate of the product's input that
+is never true: the same values, but computed in the call after its input, so each cast
+happens where its product needs it and is freed after. On the CPU that loop then holds
+108 MiB (the tied output head, the largest weight, dequantized for its product), and a
+call costs 30.4 ms against 15.0 with the casts hoisted and 14.5 for the f32 model
+(`benchmarks/quant_agreement.py --loop-memory`, 64 calls a run): XLA's CPU products
+cannot read int8, so there narrow weights save memory only when tied, and cost time
+either way. Where a product fuses the cast into its reads (GPU, TPU), the tie keeps the
+step reading narrow weights; the device check measures both ways.
+
 Keeping the weight's rank is what lets every operation that cuts or reshapes a stacked
 weight do the same to q, scale and offset: the per-layer cut is a `tree_map`, a layer axis
 is sliced off every leaf, a gathered embedding row carries its scales along, and a weight's
@@ -45,6 +60,7 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 MODES = ("int8", "int4", "fp8")  # what `quantize` makes from float weights
 # What `weights=` accepts at load besides None (the float weights): a mode, or "gguf": a
@@ -175,6 +191,16 @@ def is_quantized(tree) -> bool:
              jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, QuantWeight)))
 
 
+def in_call(w: QuantWeight, x) -> QuantWeight:
+  """`w` as a value of the product over x (module docstring): each leaf selected by a
+  predicate of x's first entry that no value satisfies (x > 0 and x < 0; NaN neither), so
+  the weight is the same, but XLA must compute it after x, in the call. One select fused
+  into the cast that reads it; nothing copied."""
+  first = lax.slice(x.reshape(-1), (0,), (1,))
+  never = jnp.logical_and(first > 0, first < 0).reshape((1,) * w.q.ndim)
+  return jax.tree_util.tree_map(lambda a: jnp.where(never, jnp.zeros_like(a), a), w)
+
+
 def _letters(eq: str) -> tuple[str, str, str]:
   inputs, out = eq.replace(" ", "").split("->")
   x, w = inputs.split(",")
@@ -201,12 +227,12 @@ def einsum(eq: str, x, w, **kwargs):
   per_channel = w.offset is None and all(
       n == 1 for a, n in zip(w_spec, w.scale.shape) if a not in out_spec)
   if not per_channel:
-    return jnp.einsum(eq, x, dequantize(w, x.dtype), **kwargs)
+    return jnp.einsum(eq, x, dequantize(in_call(w, x), x.dtype), **kwargs)
   kept = "".join(a for a in w_spec if a in out_spec)
   if not out_spec.endswith(kept):
     raise ValueError(f"quant.einsum {eq!r}: a quantized weight needs an output that ends "
                      f"with the weight's uncontracted axes ({kept!r}) in its order")
-  y = jnp.einsum(eq, x, w.q.astype(x.dtype), **kwargs)
+  y = jnp.einsum(eq, x, in_call(w, x).q.astype(x.dtype), **kwargs)
   scale = w.scale.reshape(tuple(n for a, n in zip(w_spec, w.scale.shape) if a in out_spec))
   scale = scale.reshape((1,) * (y.ndim - scale.ndim) + scale.shape)
   return y * scale.astype(y.dtype)

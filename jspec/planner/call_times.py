@@ -141,10 +141,10 @@ def loop_memory(model, batch: int = 1, cache_length: int = 256) -> dict[str, int
   program's "arguments" and "temp" (`memory_analysis`; None where the backend gives none).
 
   What a quantized model's loop holds beyond its arguments shows whether the compiler
-  kept its weights narrow: XLA's loop-invariant code motion may compute a cast of q
-  (its weight alone) once before the loop and keep every weight dequantized while it
-  runs (on the CPU, SmolLM2-135M in int8: 513 MiB of temp, its f32 weights' size, where
-  the f32 model's loop needs none)."""
+  kept its weights narrow: a cast of q that depends on its weight alone may be computed
+  ahead of its product, or before the loop, and every weight held dequantized while the
+  loop runs (on the CPU, SmolLM2-135M in int8 held 513 MiB of temp, its f32 weights'
+  size, until `quant.in_call` tied each cast to its product's input)."""
   from jspec.core import quant
 
   model = model.prepared()
