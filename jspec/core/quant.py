@@ -31,12 +31,11 @@ weights twice, narrow and wide, and a step streamed the wide ones. `einsum` ther
 passes the weight through `in_call`, a select on a predicate of the product's input that
 is never true: the same values, but computed in the call after its input, so each cast
 happens where its product needs it and is freed after. On the CPU that loop then holds
-108 MiB (the tied output head, the largest weight, dequantized for its product), and a
-call costs 30.4 ms against 15.0 with the casts hoisted and 14.5 for the f32 model
-(`benchmarks/quant_agreement.py --loop-memory`, 64 calls a run): XLA's CPU products
-cannot read int8, so there narrow weights save memory only when tied, and cost time
-either way. Where a product fuses the cast into its reads (GPU, TPU), the tie keeps the
-step reading narrow weights; the device check measures both ways.
+108 MiB (the tied output head, the largest weight, dequantized for its product), and an
+int8 model decodes at its f32 model's speed as before (`benchmarks/quant_agreement.py
+--loop-memory` and `--speed`); float8 casts, slow on the CPU, are now paid every step.
+Where a product fuses the cast into its reads (GPU, TPU), the tie keeps the step reading
+narrow weights; the device check measures both ways.
 
 Keeping the weight's rank is what lets every operation that cuts or reshapes a stacked
 weight do the same to q, scale and offset: the per-layer cut is a `tree_map`, a layer axis
