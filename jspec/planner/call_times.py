@@ -110,6 +110,18 @@ def in_turns(runs: dict, models, carries: dict, calls: int | None, repeats: int
   return times
 
 
+def cached_call(vocab: int):
+  """The body `looped` runs to time a model's cached call: carry (cache, block [B, T],
+  start [B]) -> the call on the block's tokens moved by i (mod `vocab`), and its argmax."""
+  def call(model, carry, i):
+    cache, block, start = carry
+    # Tokens that change with i, or XLA hoists the first layer's work out of the loop.
+    logits, _, cache = model.apply((block + i) % vocab, cache, start)
+    return (cache, block, start), jnp.argmax(logits, axis=-1)
+
+  return call
+
+
 def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None = None,
                repeats: int = 5, prefix: int = PREFIX) -> dict[int, list[float]]:
   """Seconds per cached call of `model` on each block of `blocks` tokens per row, in
@@ -119,15 +131,7 @@ def loop_times(model, batch: int, blocks, cache_length: int, calls: int | None =
   that slice of the output head)."""
   model = model.prepared()  # its decoding form, as the decode loop runs it
   blocks = sorted({int(b) for b in blocks})
-  vocab = model.vocab_size
-
-  def call(model, carry, i):
-    cache, block, start = carry
-    # Tokens that change with i, or XLA hoists the first layer's work out of the loop.
-    logits, _, cache = model.apply((block + i) % vocab, cache, start)
-    return (cache, block, start), jnp.argmax(logits, axis=-1)
-
-  run, runs, carries = looped(call), {}, {}
+  run, runs, carries = looped(cached_call(model.vocab_size)), {}, {}
   for b in blocks:
     start = jnp.full((batch,), max(min(prefix, cache_length - b), 0), jnp.int32)
     runs[b] = run  # one jitted program, compiled once per block shape
@@ -148,17 +152,10 @@ def loop_memory(model, batch: int = 1, cache_length: int = 256) -> dict[str, int
   from jspec.core import quant
 
   model = model.prepared()
-  vocab = model.vocab_size
-
-  def call(model, carry, i):
-    cache, block, start = carry
-    logits, _, cache = model.apply((block + i) % vocab, cache, start)
-    return (cache, block, start), jnp.argmax(logits, axis=-1)
-
   start = jnp.full((batch,), max(min(PREFIX, cache_length - 1), 0), jnp.int32)
   carry = (jax.eval_shape(lambda: model.init_cache(batch, cache_length)),
            jax.ShapeDtypeStruct((batch, 1), jnp.int32), start)
-  compiled = looped(call).lower(model, carry, 2).compile()
+  compiled = looped(cached_call(model.vocab_size)).lower(model, carry, 2).compile()
   stats = compiled.memory_analysis()
   held = jax.tree_util.tree_leaves(model.params, is_leaf=quant.is_quant_weight)
   return {"weights": int(quant.num_bytes(held)),

@@ -109,14 +109,7 @@ def breakdown(model, batch: int, blocks, cache_length: int, calls: int = 10,
   from jspec.bench import runner
 
   model = model.prepared()
-  vocab = model.vocab_size
-
-  def call(model, carry, i):
-    cache, block, start = carry
-    logits, _, cache = model.apply((block + i) % vocab, cache, start)
-    return (cache, block, start), jnp.argmax(logits, axis=-1)
-
-  run = call_times.looped(call)
+  run = call_times.looped(call_times.cached_call(model.vocab_size))
   axes = lambda T, group: {"group": group, "block": T, "batch": batch,
                            "cache_length": cache_length}
   recs, compiled, carries = [], {}, {}
