@@ -28,9 +28,10 @@ cast of a call before the call's first product and held them all (an int8 SmolLM
 call: 513 MiB of temp, its f32 weights' size), and inside a loop, as every decode loop is,
 its loop-invariant code motion moved them before the loop. The model then held its
 weights twice, narrow and wide, and a step streamed the wide ones. `einsum` therefore
-passes the weight through `in_call`, a select on a predicate of the product's input that
-is never true: the same values, but computed in the call after its input, so each cast
-happens where its product needs it and is freed after. On the CPU that loop then holds
+passes the weight through `in_call` (on the CPU a select on a predicate of the product's
+input that is never true, elsewhere an optimization barrier with that input): the same
+values, but computed in the call after its input, so each cast happens where its product
+needs it and is freed after. On the CPU that loop then holds
 108 MiB (the tied output head, the largest weight, dequantized for its product), and an
 int8 model decodes at its f32 model's speed as before (`benchmarks/quant_agreement.py
 --loop-memory` and `--speed`); float8 casts, slow on the CPU, are now paid every step.
@@ -191,10 +192,18 @@ def is_quantized(tree) -> bool:
 
 
 def in_call(w: QuantWeight, x) -> QuantWeight:
-  """`w` as a value of the product over x (module docstring): each leaf selected by a
-  predicate of x's first entry that no value satisfies (x > 0 and x < 0; NaN neither), so
-  the weight is the same, but XLA must compute it after x, in the call. One select fused
-  into the cast that reads it; nothing copied."""
+  """`w` as a value of the product over x (module docstring): the same weight, but one XLA
+  must compute after x, in the call.
+
+  On the CPU, each leaf selected by a predicate of x's first entry that no value satisfies
+  (x > 0 and x < 0; NaN neither): one select fused into the cast that reads it. XLA CPU
+  lowers optimization barriers before it schedules, and a barrier there left every cast
+  where it was. Elsewhere, an optimization barrier over (w, x): no data moved, and, unlike
+  the predicate, nothing read from another device when x is sharded (the device check
+  measures whether it keeps the casts in the call there)."""
+  if jax.default_backend() != "cpu":
+    w, _ = lax.optimization_barrier((w, x))
+    return w
   first = lax.slice(x.reshape(-1), (0,), (1,))
   never = jnp.logical_and(first > 0, first < 0).reshape((1,) * w.q.ndim)
   return jax.tree_util.tree_map(lambda a: jnp.where(never, jnp.zeros_like(a), a), w)
